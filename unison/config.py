@@ -1,0 +1,209 @@
+"""Every ``UNISON_*`` environment variable, in one place.
+
+Two kinds live here:
+
+* **Job identity**, written by ``unison run`` (or translated from torchrun, mpirun
+  and Slurm conventions by :mod:`unison.launch.env`): rank, size, store address,
+  job secret. Their names are the ``ENV_*`` constants below.
+* **Tuning knobs**, read once into the frozen :class:`Config` by :func:`load_config`.
+
+``unison info --config`` prints the table :data:`KNOBS`. An unknown ``UNISON_*``
+variable is reported (a typo should not silently do nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidArgumentError
+
+__all__ = [
+    "ENV_CROSS_RANK",
+    "ENV_CROSS_SIZE",
+    "ENV_HOST_ID",
+    "ENV_JOB_ID",
+    "ENV_LOCAL_RANK",
+    "ENV_LOCAL_SIZE",
+    "ENV_RANK",
+    "ENV_SECRET",
+    "ENV_SIZE",
+    "ENV_STORE_ADDR",
+    "KNOBS",
+    "Config",
+    "Knob",
+    "load_config",
+    "unknown_variables",
+]
+
+# --- job identity, set by the launcher -------------------------------------------
+ENV_RANK = "UNISON_RANK"
+ENV_SIZE = "UNISON_SIZE"
+ENV_LOCAL_RANK = "UNISON_LOCAL_RANK"
+ENV_LOCAL_SIZE = "UNISON_LOCAL_SIZE"
+ENV_CROSS_RANK = "UNISON_CROSS_RANK"
+ENV_CROSS_SIZE = "UNISON_CROSS_SIZE"
+ENV_STORE_ADDR = "UNISON_STORE_ADDR"  # host:port of the rendezvous store
+ENV_SECRET = "UNISON_SECRET"  # hex job secret; authenticates store and peers
+ENV_JOB_ID = "UNISON_JOB_ID"
+ENV_HOST_ID = "UNISON_HOST_ID"  # overrides the detected host identity
+
+_IDENTITY = {
+    ENV_RANK: "global rank of this process",
+    ENV_SIZE: "number of processes in the job",
+    ENV_LOCAL_RANK: "rank among the processes on this host",
+    ENV_LOCAL_SIZE: "number of processes on this host",
+    ENV_CROSS_RANK: "index of this host (Horovod's cross_rank)",
+    ENV_CROSS_SIZE: "number of hosts (Horovod's cross_size)",
+    ENV_STORE_ADDR: "host:port of the rendezvous store",
+    ENV_SECRET: "hex job secret for the store and peer handshakes",
+    ENV_JOB_ID: "job identifier, part of every handshake",
+    ENV_HOST_ID: "host identity override (ranks with equal ids share a host)",
+}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tuning variable: its name, the Config field it fills, default and meaning."""
+
+    env: str
+    field: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean, got {text!r}")
+
+
+def _size(text: str) -> int:
+    """Parse '4096', '64K', '1M', '2G' (binary units)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    value = int(float(t) * mult)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        low = text.strip().lower()
+        if low not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return low
+
+    return parse
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("UNISON_TIMEOUT", "timeout", 300.0, _positive_float,
+         "default deadline in seconds of every blocking call"),
+    Knob("UNISON_ALGO", "algo", "", str,
+         "force algorithms, e.g. 'allreduce:ring,broadcast:binomial'"),
+    Knob("UNISON_TRANSPORT", "transport", "auto", _choice("auto", "tcp", "shm"),
+         "transport between ranks: auto (shm on one host, else tcp) or forced"),
+    Knob("UNISON_SEGMENT_BYTES", "segment_bytes", 1 << 20, _size,
+         "pipeline segment of large collectives (bytes, K/M/G suffixes)"),
+    Knob("UNISON_INLINE_SEND_BYTES", "inline_send_bytes", 1 << 16, _size,
+         "messages up to this size are sent from the caller's thread"),
+    Knob("UNISON_LOG_LEVEL", "log_level", "WARNING", lambda s: s.strip().upper(),
+         "logging level of the 'unison' loggers"),
+    Knob("UNISON_BIND_ADDR", "bind_addr", "", str,
+         "address the peer listener binds (default: all interfaces)"),
+    Knob("UNISON_NETWORK_INTERFACE", "network_interface", "", str,
+         "interface whose address peers are told to connect to"),
+    Knob("UNISON_BACKEND", "backend", "native", _choice("native", "mpi", "torch"),
+         "engine that moves the bytes"),
+    Knob("UNISON_CHECK_MISMATCH", "check_mismatch", True, _bool,
+         "compare each collective's signature across ranks (desync detection)"),
+    Knob("UNISON_PREFIX_OUTPUT", "prefix_output", True, _bool,
+         "unison run: prefix each output line with its rank"),
+    Knob("UNISON_STORE_PATH", "store_path", "", str,
+         "directory of a file store, for launchers that provide no store address"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tuning knobs, parsed once from the environment. See :data:`KNOBS`."""
+
+    timeout: float = 300.0
+    algo: str = ""
+    transport: str = "auto"
+    segment_bytes: int = 1 << 20
+    inline_send_bytes: int = 1 << 16
+    log_level: str = "WARNING"
+    bind_addr: str = ""
+    network_interface: str = ""
+    backend: str = "native"
+    check_mismatch: bool = True
+    prefix_output: bool = True
+    store_path: str = ""
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    def algo_overrides(self) -> dict[str, str]:
+        """``UNISON_ALGO`` as {collective: algorithm}."""
+        out: dict[str, str] = {}
+        for item in self.algo.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            coll, sep, name = item.partition(":")
+            if not sep or not coll.strip() or not name.strip():
+                raise InvalidArgumentError(
+                    f"UNISON_ALGO entry {item!r} is not of the form collective:algorithm"
+                )
+            out[coll.strip().lower()] = name.strip().lower()
+        return out
+
+
+def load_config(env: Mapping[str, str] | None = None) -> Config:
+    """Read every knob of :data:`KNOBS` from ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for knob in KNOBS:
+        raw = env.get(knob.env)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[knob.field] = knob.parse(raw)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"{knob.env}={raw!r}: {exc}") from None
+    cfg = Config(**values)
+    cfg.algo_overrides()  # validate early
+    return cfg
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """``UNISON_*`` variables that are neither a knob nor job identity (likely typos)."""
+    env = os.environ if env is None else env
+    known = {k.env for k in KNOBS} | set(_IDENTITY)
+    return sorted(k for k in env if k.startswith("UNISON_") and k not in known)
+
+
+def identity_docs() -> dict[str, str]:
+    """The job-identity variables and their meaning."""
+    return dict(_IDENTITY)
