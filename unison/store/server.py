@@ -1,0 +1,472 @@
+"""The TCP store server: one daemon thread, one ``selectors`` loop, every connection.
+
+Defences, in the order a hostile peer meets them:
+
+* connections beyond ``max_connections`` evict the oldest not-yet-authenticated one
+  (or are closed at once), so idle strangers cannot lock ranks out;
+* a connection must complete its first authenticated frame within ``frame_timeout``
+  of accepting, and every later frame within ``frame_timeout`` of its first byte
+  (slowloris);
+* a header announcing more than :data:`~._proto.MAX_FRAME` bytes closes the
+  connection before anything is allocated;
+* a frame whose MAC fails (wrong secret, replay, another connection's frame) closes
+  the connection at once and is logged with the peer address.
+
+Blocking ``get``/``wait`` requests are parked until their keys appear or the
+client's timeout passes; nothing polls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import secrets
+import selectors
+import socket
+import threading
+import time
+
+from ..errors import InvalidArgumentError
+from ..log import get_logger
+from . import _proto as p
+
+__all__ = ["TCPStoreServer"]
+
+_log = get_logger("store")
+_RECV_CHUNK = 1 << 16
+_ACCEPT_BURST = 64
+
+
+class _Conn:
+    __slots__ = (
+        "authed", "closing", "frame_started", "inbuf", "nonce", "outbuf",
+        "parked", "peer", "rx", "sock", "tx",
+    )
+
+    def __init__(self, sock: socket.socket, peer: str, now: float) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.nonce = secrets.token_bytes(p.NONCE_LEN)
+        self.inbuf = bytearray()
+        self.outbuf = bytearray(p.HELLO_MAGIC + self.nonce)
+        self.rx = 0  # frames received (the next request's counter)
+        self.tx = 0  # frames sent (the next response's counter)
+        self.authed = False
+        self.closing = False
+        # when the frame in progress must have started; before authentication: accept time
+        self.frame_started: float | None = now
+        self.parked: _Waiter | None = None
+
+
+class _Waiter:
+    __slots__ = ("conn", "deadline", "done", "keys", "missing", "op")
+
+    def __init__(self, conn: _Conn, op: p.Op, keys: list[str], deadline: float) -> None:
+        self.conn = conn
+        self.op = op
+        self.keys = keys
+        self.missing = set(keys)
+        self.deadline = deadline
+        self.done = False
+
+
+class TCPStoreServer:
+    """Serve a :class:`~unison.store.TCPStore` from one daemon thread.
+
+    The socket is bound on construction (so :attr:`address` is known at once);
+    :meth:`start` begins serving. ``frame_timeout`` bounds how long a frame may take
+    to arrive once begun.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        secret: bytes | None = None,
+        *,
+        max_connections: int = 1024,
+        frame_timeout: float = 5.0,
+        backlog: int = 512,
+    ) -> None:
+        if not secret:
+            raise InvalidArgumentError("TCPStoreServer needs a non-empty job secret")
+        if max_connections < 1:
+            raise InvalidArgumentError(f"max_connections must be >= 1, got {max_connections}")
+        self._secret = bytes(secret)
+        self._max = max_connections
+        self._frame_timeout = float(frame_timeout)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, port), family=family, backlog=backlog)
+        self._listener.setblocking(False)
+        self._address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._data: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._conns: dict[int, _Conn] = {}
+        self._waiters: dict[str, set[_Waiter]] = {}
+        self._heap: list[tuple[float, int, _Waiter]] = []
+        self._seq = itertools.count()
+        self._accept_paused_until = 0.0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- public -----------------------------------------------------------------------
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port); the port is the real one when 0 was asked for."""
+        return self._address
+
+    def start(self) -> TCPStoreServer:
+        if self._thread is not None or self._closed:
+            raise InvalidArgumentError("TCPStoreServer.start() called twice or after close()")
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(
+            target=self._serve, name=f"unison-store-server:{self._address[1]}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def get_local(self, key: str) -> bytes | None:
+        """The value of ``key`` read in-process (no network), or None if unset."""
+        with self._lock:
+            return self._data.get(key)
+
+    def num_connections(self) -> int:
+        return len(self._conns)
+
+    def close(self) -> None:
+        """Stop serving and close the listening socket and every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        with contextlib.suppress(Exception):
+            self._sel.close()
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+
+    def __enter__(self) -> TCPStoreServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop ---------------------------------------------------------------------
+    def _serve(self) -> None:
+        try:
+            while not self._stopping:
+                events = self._sel.select(self._next_timeout())
+                for key, mask in events:
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(64)
+                    else:
+                        conn: _Conn = key.data
+                        if mask & selectors.EVENT_WRITE and conn.sock.fileno() >= 0:
+                            self._flush(conn)
+                        if mask & selectors.EVENT_READ and conn.sock.fileno() >= 0:
+                            self._read(conn)
+                self._housekeeping()
+        except Exception:  # pragma: no cover - a bug; keep the process informed
+            _log.exception("store server loop failed")
+
+    def _next_timeout(self) -> float | None:
+        now = time.monotonic()
+        nxt: float | None = None
+        while self._heap and self._heap[0][2].done:
+            heapq.heappop(self._heap)
+        if self._heap:
+            nxt = self._heap[0][0]
+        for conn in self._conns.values():
+            if conn.frame_started is not None:
+                t = conn.frame_started + self._frame_timeout
+                nxt = t if nxt is None else min(nxt, t)
+        if self._accept_paused_until:
+            t = self._accept_paused_until
+            nxt = t if nxt is None else min(nxt, t)
+        return None if nxt is None else max(0.0, nxt - now) + 0.001
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        while self._heap and (self._heap[0][2].done or self._heap[0][0] <= now):
+            _, _, waiter = heapq.heappop(self._heap)
+            if not waiter.done:
+                missing = [k for k in waiter.keys if k in waiter.missing]
+                self._finish(waiter, p.Status.TIMEOUT, [k.encode() for k in missing])
+        for conn in list(self._conns.values()):
+            started = conn.frame_started
+            if started is not None and now - started > self._frame_timeout:
+                what = "a frame" if conn.authed else "its first authenticated frame"
+                _log.warning(
+                    "store: dropping %s: did not complete %s within %g s",
+                    conn.peer, what, self._frame_timeout,
+                )
+                self._drop(conn)
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._sel.register(self._listener, selectors.EVENT_READ, None)
+
+    # -- connections ------------------------------------------------------------------
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BURST):
+            try:
+                sock, addr = self._listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:  # EMFILE and friends: back off instead of spinning
+                _log.warning("store: accept failed (%s); pausing accepts for 0.5 s", exc)
+                self._sel.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + 0.5
+                return
+            peer = f"{addr[0]}:{addr[1]}"
+            if len(self._conns) >= self._max and not self._evict_one():
+                _log.warning("store: refusing %s: %d connections open", peer, self._max)
+                sock.close()
+                continue
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock, peer, time.monotonic())
+            self._conns[sock.fileno()] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._flush(conn)
+
+    def _evict_one(self) -> bool:
+        """Drop the oldest unauthenticated connection to make room; False if none."""
+        for conn in self._conns.values():  # dicts keep insertion order: oldest first
+            if not conn.authed:
+                _log.warning("store: at %d connections; dropping unauthenticated %s",
+                             self._max, conn.peer)
+                self._drop(conn)
+                return True
+        return False
+
+    def _drop(self, conn: _Conn) -> None:
+        if conn.parked is not None:
+            self._cancel(conn.parked)
+        fd = conn.sock.fileno()
+        if fd >= 0:
+            self._conns.pop(fd, None)
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _flush(self, conn: _Conn) -> None:
+        if conn.outbuf:
+            try:
+                sent = conn.sock.send(conn.outbuf)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self._drop(conn)
+                return
+            del conn.outbuf[:sent]
+        if conn.closing and not conn.outbuf:
+            self._drop(conn)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbuf else 0)
+        with contextlib.suppress(KeyError, ValueError):
+            if self._sel.get_key(conn.sock).events != events:
+                self._sel.modify(conn.sock, events, conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(_RECV_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not data:
+            self._drop(conn)
+            return
+        if conn.closing:
+            return
+        now = time.monotonic()
+        if conn.frame_started is None:
+            conn.frame_started = now
+        conn.inbuf += data
+        consumed = False
+        while conn.inbuf and conn.sock.fileno() >= 0:
+            if conn.parked is not None:
+                _log.warning("store: %s sent a request while one was pending; closing",
+                             conn.peer)
+                self._drop(conn)
+                return
+            if len(conn.inbuf) < p.HEADER.size:
+                break
+            (length,) = p.HEADER.unpack_from(conn.inbuf)
+            if length > p.MAX_FRAME:
+                _log.warning("store: %s announced a %d-byte frame (limit %d); closing",
+                             conn.peer, length, p.MAX_FRAME)
+                self._drop(conn)
+                return
+            end = p.HEADER.size + p.MAC_LEN + length
+            if len(conn.inbuf) < end:
+                break
+            tag = bytes(conn.inbuf[p.HEADER.size : p.HEADER.size + p.MAC_LEN])
+            body = bytes(conn.inbuf[p.HEADER.size + p.MAC_LEN : end])
+            del conn.inbuf[:end]
+            if not p.verify(self._secret, p.C2S, conn.nonce, conn.rx, body, tag):
+                _log.warning("store: frame from %s failed authentication "
+                             "(wrong job secret or replay); closing", conn.peer)
+                with contextlib.suppress(OSError):
+                    conn.sock.send(p.REJECT)
+                self._drop(conn)
+                return
+            conn.rx += 1
+            conn.authed = True
+            consumed = True
+            self._handle(conn, body)
+        if conn.sock.fileno() < 0:
+            return
+        if conn.authed and consumed:
+            conn.frame_started = now if conn.inbuf else None
+
+    # -- requests ---------------------------------------------------------------------
+    def _respond(self, conn: _Conn, status: p.Status, fields: list[bytes]) -> None:
+        body = p.encode_body(status, fields)
+        tag = p.mac(self._secret, p.S2C, conn.nonce, conn.tx, body)
+        conn.tx += 1
+        conn.outbuf += p.HEADER.pack(len(body)) + tag + body
+        self._flush(conn)
+
+    def _handle(self, conn: _Conn, body: bytes) -> None:
+        try:
+            code, fields = p.decode_body(body)
+            try:
+                op = p.Op(code)
+            except ValueError:
+                raise p.ProtocolError(f"unknown op code {code}") from None
+            self._dispatch(conn, op, fields)
+        except p.ProtocolError as exc:
+            self._respond(conn, p.Status.ERROR, [f"bad request: {exc}".encode()])
+
+    def _dispatch(self, conn: _Conn, op: p.Op, f: list[bytes]) -> None:
+        ok = p.Status.OK
+        if op is p.Op.PING:
+            self._respond(conn, ok, [])
+        elif op is p.Op.SET:
+            _arity(op, f, 2)
+            self._store(p.parse_key(f[0]), f[1])
+            self._respond(conn, ok, [])
+        elif op is p.Op.GET:
+            _arity(op, f, 2)
+            key, timeout = p.parse_key(f[0]), p.parse_f64(f[1])
+            with self._lock:
+                value = self._data.get(key)
+            if value is not None:
+                self._respond(conn, ok, [value])
+            else:
+                self._park(conn, op, [key], timeout)
+        elif op is p.Op.ADD:
+            _arity(op, f, 2)
+            self._add(conn, p.parse_key(f[0]), p.parse_i64(f[1]))
+        elif op is p.Op.CAS:
+            _arity(op, f, 3)
+            self._cas(conn, p.parse_key(f[0]), f[1], f[2])
+        elif op is p.Op.WAIT:
+            if not f:
+                raise p.ProtocolError("WAIT needs a timeout field")
+            timeout = p.parse_f64(f[0])
+            keys = [p.parse_key(k) for k in f[1:]]
+            with self._lock:
+                missing = [k for k in keys if k not in self._data]
+            if missing:
+                self._park(conn, op, missing, timeout)
+            else:
+                self._respond(conn, ok, [])
+        elif op is p.Op.CHECK:
+            keys = [p.parse_key(k) for k in f]
+            with self._lock:
+                present = all(k in self._data for k in keys)
+            self._respond(conn, ok, [b"\x01" if present else b"\x00"])
+        elif op is p.Op.DELETE:
+            _arity(op, f, 1)
+            with self._lock:
+                existed = self._data.pop(p.parse_key(f[0]), None) is not None
+            self._respond(conn, ok, [b"\x01" if existed else b"\x00"])
+        elif op is p.Op.NUM_KEYS:
+            with self._lock:
+                n = len(self._data)
+            self._respond(conn, ok, [p.i64(n)])
+
+    def _store(self, key: str, value: bytes) -> None:
+        with self._lock:
+            self._data[key] = value
+        self._notify(key, value)
+
+    def _add(self, conn: _Conn, key: str, amount: int) -> None:
+        with self._lock:
+            raw = self._data.get(key, b"0")
+        try:
+            new = int(raw.decode("ascii")) + amount
+        except (UnicodeDecodeError, ValueError):
+            self._respond(conn, p.Status.ERROR, [f"value of {key!r} is not an integer".encode()])
+            return
+        if not -(1 << 63) <= new < (1 << 63):
+            self._respond(conn, p.Status.ERROR, [f"counter {key!r} overflows int64".encode()])
+            return
+        self._store(key, str(new).encode())
+        self._respond(conn, p.Status.OK, [p.i64(new)])
+
+    def _cas(self, conn: _Conn, key: str, expected: bytes, desired: bytes) -> None:
+        with self._lock:
+            current = self._data.get(key)
+        if (current is None and expected == b"") or (current is not None and current == expected):
+            self._store(key, desired)
+            result = desired
+        else:
+            result = expected if current is None else current
+        self._respond(conn, p.Status.OK, [result])
+
+    # -- parked get/wait --------------------------------------------------------------
+    def _park(self, conn: _Conn, op: p.Op, keys: list[str], timeout: float) -> None:
+        if timeout <= 0:
+            self._respond(conn, p.Status.TIMEOUT, [k.encode() for k in keys])
+            return
+        waiter = _Waiter(conn, op, keys, time.monotonic() + min(timeout, 1e9))
+        conn.parked = waiter
+        for k in keys:
+            self._waiters.setdefault(k, set()).add(waiter)
+        heapq.heappush(self._heap, (waiter.deadline, next(self._seq), waiter))
+
+    def _notify(self, key: str, value: bytes) -> None:
+        for waiter in list(self._waiters.get(key, ())):
+            waiter.missing.discard(key)
+            if not waiter.missing:
+                self._finish(waiter, p.Status.OK, [value] if waiter.op is p.Op.GET else [])
+
+    def _cancel(self, waiter: _Waiter) -> None:
+        waiter.done = True
+        waiter.conn.parked = None
+        for k in waiter.keys:
+            group = self._waiters.get(k)
+            if group is not None:
+                group.discard(waiter)
+                if not group:
+                    del self._waiters[k]
+
+    def _finish(self, waiter: _Waiter, status: p.Status, fields: list[bytes]) -> None:
+        self._cancel(waiter)
+        if waiter.conn.sock.fileno() >= 0:
+            self._respond(waiter.conn, status, fields)
+
+
+def _arity(op: p.Op, fields: list[bytes], n: int) -> None:
+    if len(fields) != n:
+        raise p.ProtocolError(f"{op.name} takes {n} fields, got {len(fields)}")
