@@ -12,10 +12,13 @@ import math
 import time
 from collections.abc import Sequence
 from types import TracebackType
+from typing import TypeVar
 
 from ..errors import InvalidArgumentError, StoreTimeoutError
 
 __all__ = ["Store", "missing_keys_error"]
+
+_S = TypeVar("_S", bound="Store")
 
 
 class Store(abc.ABC):
@@ -91,7 +94,7 @@ class Store(abc.ABC):
             raise InvalidArgumentError("keys must be a sequence of str, not a single str")
         return [Store._check_key(k) for k in keys]
 
-    def __enter__(self) -> Store:
+    def __enter__(self: _S) -> _S:
         return self
 
     def __exit__(
