@@ -1,0 +1,213 @@
+"""What an algorithm receives: its rank and size in the group, and messaging.
+
+An algorithm is a function ``run(ctx, ...)``. It names peers by *group* rank and
+steps by small integers; the context turns them into transport keys (operation
+kind, group, sequence number, step), waits with the operation's deadline, and
+turns transport failures into errors that name the operation and the ranks.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from .._types import ReduceOp
+from ..buffers import DType
+from ..errors import (
+    AbortedError,
+    CollectiveTimeoutError,
+    CommunicationError,
+    MismatchError,
+)
+from ..transport.framing import Kind, OpSig
+from ..transport.request import Request
+
+__all__ = ["OpCode", "OpContext", "Router", "describe"]
+
+
+class OpCode(enum.IntEnum):
+    P2P = 1
+    BROADCAST = 2
+    ALL_REDUCE = 3
+    REDUCE = 4
+    ALL_GATHER = 5
+    GATHER = 6
+    SCATTER = 7
+    REDUCE_SCATTER = 8
+    ALL_TO_ALL = 9
+    BARRIER = 10
+    OBJECT = 11
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+def describe(sig: OpSig) -> str:
+    """Human-readable form of an operation signature, e.g. ``all_reduce(SUM, float32 x 8)``."""
+    try:
+        name = OpCode(sig.op).label
+    except ValueError:
+        return f"unknown operation {sig.op}"
+    parts = []
+    if sig.redop or sig.op in (OpCode.ALL_REDUCE, OpCode.REDUCE, OpCode.REDUCE_SCATTER):
+        try:
+            parts.append(ReduceOp(sig.redop).name)
+        except ValueError:
+            parts.append(f"op {sig.redop}")
+    try:
+        dt = DType(sig.dtype).label
+    except ValueError:
+        dt = f"dtype {sig.dtype}"
+    parts.append(f"{dt} x {sig.count}")
+    if sig.root >= 0:
+        parts.append(f"root={sig.root}")
+    return f"{name}({', '.join(parts)})"
+
+
+class Router(Protocol):
+    """The communicator's view of the transports (peer → transport)."""
+
+    def isend(self, peer: int, key: tuple[int, int, int, int], view: np.ndarray,
+              sig: OpSig, deadline: float) -> Request: ...
+
+    def irecv(self, peer: int, key: tuple[int, int, int, int], view: np.ndarray,
+              sig: OpSig) -> Request: ...
+
+    def cancel(self, peer: int, req: Request) -> None: ...
+
+
+def _bytes(arr: np.ndarray) -> np.ndarray:
+    return arr.reshape(-1).view(np.uint8)
+
+
+class OpContext:
+    """One collective in flight on one rank."""
+
+    def __init__(
+        self, router: Router, *, op: OpCode, group_id: int, seq: int, ranks: Sequence[int],
+        rank: int, sig: OpSig, deadline: float, timeout: float, segment_bytes: int,
+    ) -> None:
+        self.router = router
+        self.op = op
+        self.group_id = group_id
+        self.seq = seq
+        self.ranks = tuple(ranks)  # group rank -> global rank
+        self.rank = rank  # my group rank
+        self.size = len(self.ranks)
+        self.sig = sig
+        self.deadline = deadline
+        self.timeout = timeout
+        self.segment_bytes = segment_bytes
+        self._lock = threading.Lock()
+        self._pending: list[Request] = []
+        self._aborted: BaseException | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.op.label} #{self.seq} (group {self.group_id})"
+
+    def seg_count(self, dtype: DType) -> int:
+        """Elements per pipeline segment for this dtype."""
+        return max(1, self.segment_bytes // max(1, dtype.itemsize))
+
+    # --- messaging by group rank -----------------------------------------------------
+    def _key(self, step: int) -> tuple[int, int, int, int]:
+        return (int(Kind.COLL), self.group_id, self.seq, step)
+
+    def _track(self, req: Request) -> Request:
+        with self._lock:
+            if self._aborted is not None:
+                req.complete(self._aborted)
+            self._pending.append(req)
+        return req
+
+    def isend(self, peer: int, step: int, arr: np.ndarray) -> Request:
+        return self._track(
+            self.router.isend(self.ranks[peer], self._key(step), _bytes(arr), self.sig,
+                              self.deadline)
+        )
+
+    def irecv(self, peer: int, step: int, arr: np.ndarray) -> Request:
+        return self._track(self.router.irecv(self.ranks[peer], self._key(step), _bytes(arr),
+                                             self.sig))
+
+    def send(self, peer: int, step: int, arr: np.ndarray) -> None:
+        self.wait(self.isend(peer, step, arr))
+
+    def recv(self, peer: int, step: int, arr: np.ndarray) -> None:
+        self.wait(self.irecv(peer, step, arr))
+
+    def sendrecv(self, dst: int, sarr: np.ndarray, src: int, rarr: np.ndarray, step: int) -> None:
+        r = self.irecv(src, step, rarr)
+        s = self.isend(dst, step, sarr)
+        self.wait(r, s)
+
+    # --- waiting and failing -----------------------------------------------------------
+    def wait(self, *reqs: Request) -> None:
+        """Wait for every request, within the operation's deadline."""
+        for req in reqs:
+            left = self.deadline - time.monotonic()
+            try:
+                done = req.wait(max(left, 0.0))
+            except MismatchError as exc:
+                raise self._mismatch(req, exc) from None
+            except CommunicationError as exc:
+                raise self._tag(exc) from None
+            if not done:
+                silent = sorted({r.peer for r in self._pending if not r.done()})
+                raise CollectiveTimeoutError(
+                    f"{self.name} timed out after {self.timeout:g}s; "
+                    f"not heard from rank{'s' if len(silent) > 1 else ''} "
+                    f"{', '.join(map(str, silent))}",
+                    op=self.op.label, seq=self.seq, group=self.group_id, ranks=silent,
+                )
+
+    def _tag(self, exc: CommunicationError) -> CommunicationError:
+        if exc.op is not None:
+            return exc
+        err = type(exc)(f"{self.name}: {exc}", op=self.op.label, seq=self.seq,
+                        group=self.group_id, ranks=exc.ranks)
+        return err
+
+    def _mismatch(self, req: Request, exc: MismatchError) -> MismatchError:
+        mine = describe(self.sig)
+        if req.sender_sig is not None and req.sender_sig != self.sig:
+            theirs = describe(req.sender_sig)
+            text = (f"mismatched collective at {self.name}: rank {req.peer} called {theirs} "
+                    f"but rank {self.ranks[self.rank]} called {mine}")
+        else:
+            text = f"mismatched message sizes at {self.name} ({mine}): {exc}"
+        return MismatchError(text, op=self.op.label, seq=self.seq, group=self.group_id,
+                             ranks=(req.peer, self.ranks[self.rank]))
+
+    def abort(self, exc: BaseException) -> None:
+        """Fail this operation from another thread (peer lost, remote abort)."""
+        with self._lock:
+            if self._aborted is None:
+                self._aborted = exc
+            pending = list(self._pending)
+        for req in pending:
+            if not req.done():
+                if req.view is not None and req.key[0] == Kind.COLL:
+                    self.router.cancel(req.peer, req)
+                req.complete(exc)
+
+    def finish(self) -> None:
+        """Withdraw receives that will never be waited for (after a failure)."""
+        with self._lock:
+            pending = [r for r in self._pending if not r.done()]
+            self._pending.clear()
+        for req in pending:
+            self.router.cancel(req.peer, req)
+            req.complete(AbortedError(f"{self.name} abandoned"))
+
+    def reset_pending(self) -> None:
+        """Forget finished requests (long operations keep the list short)."""
+        with self._lock:
+            self._pending = [r for r in self._pending if not r.done()]

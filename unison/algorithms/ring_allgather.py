@@ -1,0 +1,55 @@
+"""Ring all-gather.
+
+Phases: p−1 steps; in step s rank r sends block (r−s) mod p to its right
+neighbour and receives block (r−s−1) mod p from its left, straight into the
+output block (no staging). Blocks travel in segments.
+
+Cost (n bytes gathered in total): (p−1)α + ((p−1)/p)nβ.
+Preconditions: any p; blocks may differ in size.
+Reference: Thakur, Rabenseifner & Gropp (2005), §4.1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._context import OpContext
+from ._schedule import ring_neighbors, segments
+from .cost import Link
+
+__all__ = ["NAME", "allgather_blocks", "cost", "run", "supports"]
+
+NAME = "ring"
+
+
+def cost(p: int, n: int, link: Link) -> float:
+    return (p - 1) * link.alpha + (p - 1) / p * n * link.beta
+
+
+def supports(p: int, n: int) -> bool:
+    return True
+
+
+def allgather_blocks(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int, tag0: int = 0) -> int:
+    """``blocks[rank]`` holds this rank's data; fill every other block. Returns next tag."""
+    p, r = ctx.size, ctx.rank
+    if p == 1:
+        return tag0
+    left, right = ring_neighbors(r, p)
+    nseg = len(segments(max(len(b) for b in blocks), seg))
+    for s in range(p - 1):
+        sc, rc = (r - s) % p, (r - s - 1) % p
+        base = tag0 + s * nseg
+        reqs = [ctx.irecv(left, base + j, blocks[rc][o : o + n])
+                for j, (o, n) in enumerate(segments(len(blocks[rc]), seg))]
+        reqs += [ctx.isend(right, base + j, blocks[sc][o : o + n])
+                 for j, (o, n) in enumerate(segments(len(blocks[sc]), seg))]
+        ctx.wait(*reqs)
+        ctx.reset_pending()
+    return tag0 + (p - 1) * nseg
+
+
+def run(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int) -> None:
+    allgather_blocks(ctx, blocks, seg)

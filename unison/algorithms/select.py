@@ -1,0 +1,104 @@
+"""Choose an algorithm per call by predicted cost, as NCCL's tuner does.
+
+Every algorithm module has ``cost(p, n, link)`` and ``supports(p, n)``; the
+selector evaluates the supporting ones with the transport's α/β/γ and takes the
+cheapest. ``UNISON_ALGO="allreduce:ring"`` forces one; a forced algorithm that
+cannot serve a call raises :class:`UnsupportedError` saying so.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+
+from ..errors import UnsupportedError
+from ..log import get_logger
+from . import (
+    allreduce_recursive_doubling,
+    allreduce_ring,
+    alltoall_pairwise,
+    barrier_dissemination,
+    broadcast_binomial,
+    linear,
+    reduce_binomial,
+    ring_allgather,
+    ring_reduce_scatter,
+)
+from .cost import Link
+
+__all__ = ["REGISTRY", "Choice", "choose", "table"]
+
+log = get_logger("select")
+
+#: collective → candidate algorithm modules (name, cost, supports, run).
+REGISTRY: dict[str, tuple[ModuleType, ...]] = {
+    "allreduce": (allreduce_ring, allreduce_recursive_doubling),
+    "broadcast": (broadcast_binomial,),
+    "reduce": (reduce_binomial,),
+    "allgather": (ring_allgather,),
+    "reduce_scatter": (ring_reduce_scatter,),
+    "alltoall": (alltoall_pairwise,),
+    "gather": (linear,),
+    "scatter": (linear,),
+    "barrier": (barrier_dissemination,),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    collective: str
+    name: str
+    module: ModuleType
+    predicted: float
+    forced: bool
+
+
+def _names(collective: str) -> list[str]:
+    return [m.NAME for m in REGISTRY[collective]]
+
+
+def choose(collective: str, p: int, nbytes: int, link: Link,
+           overrides: Mapping[str, str]) -> Choice:
+    forced = overrides.get(collective)
+    if forced is not None:
+        for mod in REGISTRY[collective]:
+            if mod.NAME == forced:
+                if not mod.supports(p, nbytes):
+                    raise UnsupportedError(
+                        f"UNISON_ALGO forces {collective}:{forced}, which cannot serve "
+                        f"{p} ranks x {nbytes} bytes"
+                    )
+                return Choice(collective, forced, mod, mod.cost(p, nbytes, link), True)
+        raise UnsupportedError(
+            f"UNISON_ALGO names {collective}:{forced}; known {collective} algorithms: "
+            f"{', '.join(_names(collective))}"
+        )
+    return _cheapest(collective, p, nbytes, link)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cheapest(collective: str, p: int, nbytes: int, link: Link) -> Choice:
+    best: Choice | None = None
+    for mod in REGISTRY[collective]:
+        if mod.supports(p, nbytes):
+            t = mod.cost(p, nbytes, link)
+            if best is None or t < best.predicted:
+                best = Choice(collective, mod.NAME, mod, t, False)
+    assert best is not None, collective
+    log.debug("%s p=%d n=%d -> %s (%.1f us)", collective, p, nbytes, best.name,
+              best.predicted * 1e6)
+    return best
+
+
+def table(p: int, link: Link, sizes: list[int],
+          fmt: Callable[[float], str] = lambda t: f"{t * 1e6:.1f}") -> str:
+    """The choice table (predicted µs per algorithm) for logs and ``unison info``."""
+    lines = []
+    for coll, mods in REGISTRY.items():
+        for n in sizes:
+            cells = [f"{m.NAME}={fmt(m.cost(p, n, link))}" for m in mods]
+            pick = _cheapest(coll, p, n, link).name
+            lines.append(f"{coll:15s} {n:>12d}B  {' '.join(cells)}  -> {pick}")
+    return "\n".join(lines)

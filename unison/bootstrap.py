@@ -1,0 +1,158 @@
+"""Bootstrap: publish this rank's address through the store, connect every pair.
+
+Control plane only: the store carries each rank's :class:`PeerInfo` once; after
+that, all data moves over the authenticated peer connections. Rank ``i`` connects
+to every lower rank and accepts from every higher one; the listener is closed as
+soon as the mesh is complete, so no port stays open for the rest of the job.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+
+from .errors import AuthenticationError, CollectiveTimeoutError, InvalidArgumentError
+from .log import get_logger
+from .store import Store
+from .transport.base import PeerInfo
+from .transport.handshake import accept_handshake, connect_handshake, job_digest
+
+__all__ = ["advertise_address", "connect_mesh", "host_identity"]
+
+log = get_logger("bootstrap")
+
+
+def host_identity() -> str:
+    """Ranks with equal identity share memory: hostname plus network namespace."""
+    override = os.environ.get("UNISON_HOST_ID")
+    if override:
+        return override
+    try:
+        ns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        ns = 0
+    return f"{socket.gethostname()}/{ns}"
+
+
+def _interface_address(name: str) -> str:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+    except OSError as exc:
+        raise InvalidArgumentError(f"network interface {name!r}: {exc}") from None
+    finally:
+        sock.close()
+    return socket.inet_ntoa(packed[20:24])
+
+
+def advertise_address(store_host: str | None, interface: str = "") -> str:
+    """The address other ranks should connect to."""
+    if interface:
+        return _interface_address(interface)
+    if store_host is None or store_host.startswith("127.") or store_host == "localhost":
+        return "127.0.0.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((store_host, 9))  # no packet is sent: this only picks a route
+        return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    finally:
+        probe.close()
+
+
+def connect_mesh(
+    store: Store, rank: int, size: int, secret: bytes, job_id: str, *,
+    advertise: str, bind: str, timeout: float, epoch: int,
+    adopt: Callable[[int, socket.socket], None],
+) -> dict[int, PeerInfo]:
+    """Connect to every peer; ``adopt(peer, sock)`` receives each authenticated socket."""
+    deadline = time.monotonic() + timeout
+    job = job_digest(job_id)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((bind or ("127.0.0.1" if advertise.startswith("127.") else "0.0.0.0"), 0))
+    listener.listen(max(16, size))
+    listener.settimeout(0.5)
+    me = PeerInfo(rank, host_identity(), advertise, listener.getsockname()[1], os.getpid())
+    prefix = f"unison/{epoch}/peer/"
+    store.set(f"{prefix}{rank}", json.dumps(asdict(me)).encode())
+
+    expected = set(range(rank + 1, size))
+    accepted: dict[int, socket.socket] = {}
+    cond = threading.Condition()
+    errors: list[str] = []
+
+    def handshake(sock: socket.socket) -> None:
+        try:
+            peer = accept_handshake(sock, secret, job, rank, size, min(deadline, time.monotonic() + 10))
+        except (OSError, AuthenticationError, struct.error) as exc:
+            log.warning("rejected a connection to the peer port: %s", exc)
+            sock.close()
+            return
+        with cond:
+            if peer not in expected or peer in accepted:
+                errors.append(f"unexpected or duplicate connection from rank {peer}")
+                sock.close()
+                return
+            accepted[peer] = sock
+            cond.notify_all()
+
+    def accept_loop() -> None:
+        while time.monotonic() < deadline:
+            with cond:
+                if len(accepted) == len(expected):
+                    return
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=handshake, args=(sock,), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept_loop, name="unison-accept", daemon=True)
+    acceptor.start()
+    try:
+        infos: dict[int, PeerInfo] = {rank: me}
+        for peer in range(size):
+            if peer == rank:
+                continue
+            left = deadline - time.monotonic()
+            try:
+                raw = store.get(f"{prefix}{peer}", timeout=max(left, 0.001))
+            except TimeoutError:
+                raise CollectiveTimeoutError(
+                    f"init: rank {peer} did not join within {timeout:.0f}s", op="init",
+                    ranks=[peer],
+                ) from None
+            infos[peer] = PeerInfo(**json.loads(raw))
+        for peer in range(rank):
+            info = infos[peer]
+            sock = socket.create_connection((info.addr, info.port), timeout=10)
+            connect_handshake(sock, secret, job, rank, peer, deadline)
+            adopt(peer, sock)
+        with cond:
+            while len(accepted) < len(expected):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(expected - set(accepted))
+                    raise CollectiveTimeoutError(
+                        f"init: ranks {missing} did not connect within {timeout:.0f}s"
+                        + (f" ({'; '.join(errors)})" if errors else ""),
+                        op="init", ranks=missing,
+                    )
+                cond.wait(min(left, 0.5))
+        for peer, sock in sorted(accepted.items()):
+            adopt(peer, sock)
+        return infos
+    finally:
+        listener.close()
+        acceptor.join(timeout=2)

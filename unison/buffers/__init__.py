@@ -1,0 +1,17 @@
+"""Buffers: numpy/torch adapters, the dtype table and reduction kernels."""
+
+from .adapters import Buffer, as_buffer, is_torch_tensor
+from .dtypes import DType, from_numpy
+from .reduce import Kernel, check_op, finalize_average, kernel
+
+__all__ = [
+    "Buffer",
+    "DType",
+    "Kernel",
+    "as_buffer",
+    "check_op",
+    "finalize_average",
+    "from_numpy",
+    "is_torch_tensor",
+    "kernel",
+]

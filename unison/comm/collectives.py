@@ -1,0 +1,300 @@
+"""The collectives: validate every argument, pick an algorithm, submit in order.
+
+Validation happens before anything is sent, on the caller's thread, and raises
+:class:`InvalidArgumentError`. Signatures (op, dtype, count, reduce op, root)
+ride in every frame so ranks that disagree get a :class:`MismatchError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._types import ReduceOp
+from ..algorithms import OpCode, OpContext, linear
+from ..algorithms import barrier_dissemination as barrier_algo
+from ..buffers import Buffer, as_buffer, check_op, kernel
+from ..errors import InvalidArgumentError
+from .communicator import Communicator
+from .work import Work
+
+__all__ = [
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "gather",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+]
+
+
+def _op(op: Any) -> ReduceOp:
+    try:
+        return ReduceOp(op)
+    except (ValueError, TypeError):
+        raise InvalidArgumentError(f"op must be a unison.ReduceOp, got {op!r}") from None
+
+
+def _list(comm: Communicator, items: Any, what: str, ref: Buffer, *, writable: bool,
+          equal: bool = True) -> list[Buffer]:
+    if not isinstance(items, (list, tuple)):
+        raise InvalidArgumentError(f"{what} must be a list of {comm.size} buffers")
+    if len(items) != comm.size:
+        raise InvalidArgumentError(
+            f"{what} has {len(items)} entries; group {comm.id} has {comm.size} ranks"
+        )
+    out = [as_buffer(x, f"{what}[{i}]", writable=writable) for i, x in enumerate(items)]
+    for i, b in enumerate(out):
+        if b.dtype is not ref.dtype:
+            raise InvalidArgumentError(
+                f"{what}[{i}] is {b.dtype.label}, the buffer is {ref.dtype.label}"
+            )
+        if equal and b.count != ref.count:
+            raise InvalidArgumentError(
+                f"{what}[{i}] has {b.count} elements, the buffer has {ref.count}"
+            )
+    return out
+
+
+def _split(arr: np.ndarray, parts: int, each: int) -> list[np.ndarray]:
+    return [arr[i * each : (i + 1) * each] for i in range(parts)]
+
+
+def _choose(comm: Communicator, coll: str, nbytes: int) -> Any:
+    return comm.rt.choose(coll, comm.size, nbytes).module
+
+
+def broadcast(comm: Communicator, buf: Any, src: int, async_op: bool) -> Work | None:
+    comm.require_member("broadcast")
+    b = as_buffer(buf, "broadcast buffer")
+    root = comm.group_rank(src, "src")
+    algo = _choose(comm, "broadcast", b.nbytes)
+
+    def body(ctx: OpContext) -> None:
+        algo.run(ctx, b.array, root, ctx.seg_count(b.dtype))
+
+    sig = comm.sig(OpCode.BROADCAST, b.dtype, b.count, root=src)
+    return comm.submit(OpCode.BROADCAST, sig, body, async_op)
+
+
+def all_reduce(comm: Communicator, buf: Any, op: Any, async_op: bool) -> Work | None:
+    comm.require_member("all_reduce")
+    b = as_buffer(buf, "all_reduce buffer")
+    rop = _op(op)
+    kern = kernel(rop, b.dtype)
+    algo = _choose(comm, "allreduce", b.nbytes)
+
+    def body(ctx: OpContext) -> None:
+        algo.run(ctx, b.array, kern, rop, b.dtype, ctx.seg_count(b.dtype))
+
+    sig = comm.sig(OpCode.ALL_REDUCE, b.dtype, b.count, redop=rop)
+    return comm.submit(OpCode.ALL_REDUCE, sig, body, async_op)
+
+
+def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> Work | None:
+    comm.require_member("reduce")
+    b = as_buffer(buf, "reduce buffer")
+    rop = _op(op)
+    kern = kernel(rop, b.dtype)
+    root = comm.group_rank(dst, "dst")
+    algo = _choose(comm, "reduce", b.nbytes)
+
+    def body(ctx: OpContext) -> None:
+        algo.run(ctx, b.array, root, kern, rop, b.dtype, ctx.seg_count(b.dtype))
+
+    sig = comm.sig(OpCode.REDUCE, b.dtype, b.count, redop=rop, root=dst)
+    return comm.submit(OpCode.REDUCE, sig, body, async_op)
+
+
+def _allgather_submit(comm: Communicator, b: Buffer, blocks: list[np.ndarray],
+                      async_op: bool, result: Any) -> Work | None:
+    algo = _choose(comm, "allgather", b.nbytes * comm.size)
+    me = comm.require_member("all_gather")
+
+    def body(ctx: OpContext) -> Any:
+        if not np.shares_memory(blocks[me], b.array):
+            blocks[me][:] = b.array
+        algo.run(ctx, blocks, ctx.seg_count(b.dtype))
+        return result
+
+    sig = comm.sig(OpCode.ALL_GATHER, b.dtype, b.count)
+    return comm.submit(OpCode.ALL_GATHER, sig, body, async_op)
+
+
+def all_gather(comm: Communicator, out_list: Any, buf: Any, async_op: bool) -> Work | None:
+    comm.require_member("all_gather")
+    b = as_buffer(buf, "all_gather buffer", writable=False)
+    outs = _list(comm, out_list, "all_gather output list", b, writable=True)
+    return _allgather_submit(comm, b, [o.array for o in outs], async_op, out_list)
+
+
+def all_gather_into_tensor(comm: Communicator, out: Any, buf: Any,
+                           async_op: bool) -> Work | None:
+    comm.require_member("all_gather_into_tensor")
+    b = as_buffer(buf, "all_gather input", writable=False)
+    o = as_buffer(out, "all_gather output")
+    if o.dtype is not b.dtype or o.count != b.count * comm.size:
+        raise InvalidArgumentError(
+            f"all_gather output must hold {comm.size} x {b.count} {b.dtype.label} elements, "
+            f"got {o.count} {o.dtype.label}"
+        )
+    return _allgather_submit(comm, b, _split(o.array, comm.size, b.count), async_op, out)
+
+
+def _rooted_list(comm: Communicator, items: Any, what: str, ref: Buffer, is_root: bool,
+                 *, writable: bool) -> list[Buffer] | None:
+    if is_root:
+        if items is None:
+            raise InvalidArgumentError(f"{what} is required on the root rank")
+        return _list(comm, items, what, ref, writable=writable)
+    if items:
+        raise InvalidArgumentError(f"{what} must not be given on non-root ranks")
+    return None
+
+
+def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int,
+           async_op: bool) -> Work | None:
+    me = comm.require_member("gather")
+    b = as_buffer(buf, "gather buffer", writable=False)
+    root = comm.group_rank(dst, "dst")
+    outs = _rooted_list(comm, gather_list, "gather_list", b, me == root, writable=True)
+    blocks = None if outs is None else [o.array for o in outs]
+
+    def body(ctx: OpContext) -> None:
+        linear.gather(ctx, b.array, blocks, root)
+
+    sig = comm.sig(OpCode.GATHER, b.dtype, b.count, root=dst)
+    return comm.submit(OpCode.GATHER, sig, body, async_op)
+
+
+def scatter(comm: Communicator, buf: Any, scatter_list: Any, src: int,
+            async_op: bool) -> Work | None:
+    me = comm.require_member("scatter")
+    b = as_buffer(buf, "scatter buffer")
+    root = comm.group_rank(src, "src")
+    ins = _rooted_list(comm, scatter_list, "scatter_list", b, me == root, writable=False)
+    blocks = None if ins is None else [i.array for i in ins]
+
+    def body(ctx: OpContext) -> None:
+        linear.scatter(ctx, b.array, blocks, root)
+
+    sig = comm.sig(OpCode.SCATTER, b.dtype, b.count, root=src)
+    return comm.submit(OpCode.SCATTER, sig, body, async_op)
+
+
+def _reduce_scatter_submit(comm: Communicator, o: Buffer, blocks: list[np.ndarray], op: Any,
+                           async_op: bool) -> Work | None:
+    rop = _op(op)
+    kern = kernel(rop, o.dtype)
+    algo = _choose(comm, "reduce_scatter", o.nbytes * comm.size)
+
+    def body(ctx: OpContext) -> None:
+        algo.run(ctx, blocks, o.array, kern, ctx.seg_count(o.dtype))
+        if rop is ReduceOp.AVG:
+            from ..buffers import finalize_average
+
+            finalize_average(o.array, o.dtype, ctx.size)
+
+    sig = comm.sig(OpCode.REDUCE_SCATTER, o.dtype, o.count, redop=rop)
+    return comm.submit(OpCode.REDUCE_SCATTER, sig, body, async_op)
+
+
+def reduce_scatter(comm: Communicator, out: Any, in_list: Any, op: Any,
+                   async_op: bool) -> Work | None:
+    comm.require_member("reduce_scatter")
+    o = as_buffer(out, "reduce_scatter output")
+    check_op(_op(op), o.dtype)
+    ins = _list(comm, in_list, "reduce_scatter input list", o, writable=False)
+    return _reduce_scatter_submit(comm, o, [i.array for i in ins], op, async_op)
+
+
+def reduce_scatter_tensor(comm: Communicator, out: Any, inbuf: Any, op: Any,
+                          async_op: bool) -> Work | None:
+    comm.require_member("reduce_scatter_tensor")
+    o = as_buffer(out, "reduce_scatter output")
+    i = as_buffer(inbuf, "reduce_scatter input", writable=False)
+    check_op(_op(op), o.dtype)
+    if i.dtype is not o.dtype or i.count != o.count * comm.size:
+        raise InvalidArgumentError(
+            f"reduce_scatter input must hold {comm.size} x {o.count} {o.dtype.label} "
+            f"elements, got {i.count} {i.dtype.label}"
+        )
+    return _reduce_scatter_submit(comm, o, _split(i.array, comm.size, o.count), op, async_op)
+
+
+def _alltoall_submit(comm: Communicator, outs: list[np.ndarray], ins: list[np.ndarray],
+                     ref: Buffer, async_op: bool, result: Any) -> Work | None:
+    algo = _choose(comm, "alltoall", sum(int(x.nbytes) for x in ins))
+
+    def body(ctx: OpContext) -> Any:
+        algo.run(ctx, outs, ins)
+        return result
+
+    sig = comm.sig(OpCode.ALL_TO_ALL, ref.dtype)
+    return comm.submit(OpCode.ALL_TO_ALL, sig, body, async_op)
+
+
+def all_to_all(comm: Communicator, out_list: Any, in_list: Any, async_op: bool) -> Work | None:
+    comm.require_member("all_to_all")
+    if not isinstance(in_list, (list, tuple)) or not in_list:
+        raise InvalidArgumentError(f"all_to_all input list must hold {comm.size} buffers")
+    ref = as_buffer(in_list[0], "all_to_all input list[0]", writable=False)
+    ins = _list(comm, in_list, "all_to_all input list", ref, writable=False, equal=False)
+    outs = _list(comm, out_list, "all_to_all output list", ref, writable=True, equal=False)
+    return _alltoall_submit(comm, [o.array for o in outs], [i.array for i in ins], ref,
+                            async_op, out_list)
+
+
+def _splits(b: Buffer, sizes: Sequence[int] | None, parts: int, what: str) -> list[np.ndarray]:
+    shape = b.shape
+    rows = shape[0] if shape else 1
+    row = b.count // rows if rows else 0
+    if sizes is None:
+        if rows % parts:
+            raise InvalidArgumentError(
+                f"{what}: first dimension {rows} is not divisible by {parts} ranks; "
+                "give split sizes"
+            )
+        sizes = [rows // parts] * parts
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != parts or any(s < 0 for s in sizes) or sum(sizes) != rows:
+        raise InvalidArgumentError(
+            f"{what}: split sizes {sizes} must be {parts} non-negative ints summing to {rows}"
+        )
+    out, off = [], 0
+    for s in sizes:
+        out.append(b.array[off * row : (off + s) * row])
+        off += s
+    return out
+
+
+def all_to_all_single(comm: Communicator, out: Any, inbuf: Any,
+                      output_split_sizes: Sequence[int] | None,
+                      input_split_sizes: Sequence[int] | None, async_op: bool) -> Work | None:
+    comm.require_member("all_to_all_single")
+    i = as_buffer(inbuf, "all_to_all input", writable=False)
+    o = as_buffer(out, "all_to_all output")
+    if o.dtype is not i.dtype:
+        raise InvalidArgumentError(
+            f"all_to_all output is {o.dtype.label}, input is {i.dtype.label}"
+        )
+    ins = _splits(i, input_split_sizes, comm.size, "all_to_all input")
+    outs = _splits(o, output_split_sizes, comm.size, "all_to_all output")
+    return _alltoall_submit(comm, outs, ins, i, async_op, out)
+
+
+def barrier(comm: Communicator, async_op: bool) -> Work | None:
+    comm.require_member("barrier")
+
+    def body(ctx: OpContext) -> None:
+        barrier_algo.run(ctx)
+
+    return comm.submit(OpCode.BARRIER, comm.sig(OpCode.BARRIER), body, async_op)

@@ -1,0 +1,230 @@
+"""A communicator: one group of ranks, its ordered engine, failure routing and p2p.
+
+The collectives themselves (validation and algorithm calls) are in
+:mod:`unison.comm.collectives`; this module runs them: it numbers each call,
+builds its :class:`OpContext`, and when one fails on any rank it makes the
+failure reach every member promptly (an ABORT control frame), after which the
+group refuses further collectives instead of hanging or returning garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..algorithms import OpCode, OpContext, describe
+from ..buffers import Buffer, as_buffer
+from ..errors import (
+    AbortedError,
+    CommunicationError,
+    InvalidArgumentError,
+    MismatchError,
+)
+from ..log import get_logger
+from ..transport.framing import Control, Kind, OpSig
+from .engine import Engine
+from .work import RequestWork, Work
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__all__ = ["Communicator"]
+
+log = get_logger("comm")
+_MAX_TAG = (1 << 32) - 1
+
+
+class Communicator:
+    """A group of ranks (the world or a sub-group) and the operations on it.
+
+    Exposed publicly as :class:`unison.Group`. ``ranks`` are global ranks in group
+    order; ``rank`` is this process's rank in the group (None for a non-member).
+    """
+
+    def __init__(self, rt: Runtime, gid: int, ranks: Sequence[int]) -> None:
+        self.rt = rt
+        self.id = gid
+        self.ranks: tuple[int, ...] = tuple(ranks)
+        self.size = len(self.ranks)
+        self.rank: int | None = self.ranks.index(rt.rank) if rt.rank in self.ranks else None
+        self.engine = Engine(f"group-{gid}")
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._done = 0
+        self._inflight: dict[int, OpContext] = {}
+        self._early_aborts: dict[int, BaseException] = {}
+        self._broken: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"<unison.Group {self.id} ranks={list(self.ranks)} rank={self.rank}>"
+
+    # --- membership --------------------------------------------------------------------
+    def require_member(self, what: str) -> int:
+        if self.rank is None:
+            raise InvalidArgumentError(
+                f"{what}: rank {self.rt.rank} is not a member of group {self.id} "
+                f"(ranks {list(self.ranks)})"
+            )
+        return self.rank
+
+    def group_rank(self, global_rank: int, what: str) -> int:
+        """Translate a global rank given as src/dst/root; it must belong to the group."""
+        if isinstance(global_rank, bool) or not isinstance(global_rank, (int, np.integer)):
+            raise InvalidArgumentError(f"{what} must be an int rank, got {global_rank!r}")
+        if int(global_rank) not in self.ranks:
+            raise InvalidArgumentError(
+                f"{what}={global_rank} is not a rank of group {self.id} (ranks {list(self.ranks)})"
+            )
+        return self.ranks.index(int(global_rank))
+
+    def sig(self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0,
+            root: int = -1) -> OpSig:
+        if not self.rt.config.check_mismatch:
+            return OpSig(op=int(op))
+        return OpSig(int(op), int(dtype), int(redop), int(root), int(count))
+
+    # --- running collectives -------------------------------------------------------------
+    def submit(self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any],
+               async_op: bool) -> Work | None:
+        me = self.require_member(op.label)
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        work = Work(f"{op.label} #{seq} (group {self.id})")
+
+        def task() -> None:
+            self._execute(seq, me, op, sig, body, work)
+
+        self.engine.run(task, inline=not async_op)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def _execute(self, seq: int, me: int, op: OpCode, sig: OpSig,
+                 body: Callable[[OpContext], Any], work: Work) -> None:
+        cfg = self.rt.config
+        ctx = OpContext(self.rt.router, op=op, group_id=self.id, seq=seq, ranks=self.ranks,
+                        rank=me, sig=sig, deadline=time.monotonic() + cfg.timeout,
+                        timeout=cfg.timeout, segment_bytes=cfg.segment_bytes)
+        with self._lock:
+            early = self._broken_error(ctx) or self._early_aborts.pop(seq, None)
+            if early is None:
+                self._inflight[seq] = ctx
+        if early is not None:
+            work._finish(error=early)
+            with self._lock:
+                self._done = max(self._done, seq)
+            return
+        try:
+            result = body(ctx)
+        except CommunicationError as exc:
+            self._fail(ctx, exc)
+            work._finish(error=exc)
+        except BaseException as exc:
+            self._fail(ctx, CommunicationError(f"{ctx.name} failed locally: {exc!r}"))
+            work._finish(error=exc)
+        else:
+            work._finish(result)
+        finally:
+            with self._lock:
+                self._inflight.pop(seq, None)
+                self._done = max(self._done, seq)
+
+    def _broken_error(self, ctx: OpContext) -> BaseException | None:
+        if self._broken is None:
+            return None
+        return AbortedError(
+            f"{ctx.name} refused: group {self.id} is unusable since an earlier failure: "
+            f"{self._broken}", op=ctx.op.label, seq=ctx.seq, group=self.id,
+            ranks=getattr(self._broken, "ranks", ()),
+        )
+
+    def _fail(self, ctx: OpContext, exc: BaseException) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = exc
+        ctx.finish()
+        self.rt.forget(self.id, ctx.seq)
+        if getattr(exc, "remote", False):
+            return
+        kind = "mismatch" if isinstance(exc, MismatchError) else type(exc).__name__
+        payload = json.dumps({"group": self.id, "seq": ctx.seq, "kind": kind,
+                              "message": str(exc), "origin": self.rt.rank}).encode()
+        for peer in self.ranks:
+            if peer != self.rt.rank:
+                self.rt.send_control(peer, Control.ABORT, payload)
+
+    # --- failures reported by other ranks or the transport -----------------------------------
+    def remote_abort(self, seq: int, exc: BaseException) -> None:
+        with self._lock:
+            ctx = self._inflight.get(seq)
+            if ctx is None:
+                if seq > self._done:
+                    self._early_aborts[seq] = exc
+                elif self._broken is None:
+                    self._broken = exc
+                return
+        ctx.abort(exc)
+
+    def peer_lost(self, exc: CommunicationError) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = exc
+            running = list(self._inflight.values())
+        for ctx in running:
+            ctx.abort(exc)
+
+    # --- point-to-point ----------------------------------------------------------------------
+    def _p2p_args(self, buf: Any, peer: int, tag: int, what: str,
+                  writable: bool) -> tuple[Buffer, int]:
+        self.require_member(what)
+        b = as_buffer(buf, what, writable=writable)
+        self.group_rank(peer, "dst" if what == "send" else "src")
+        if int(peer) == self.rt.rank:
+            raise InvalidArgumentError(f"{what}: rank {peer} cannot {what} to itself")
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) \
+                or not 0 <= int(tag) <= _MAX_TAG:
+            raise InvalidArgumentError(f"{what}: tag must be an int in [0, 2**32), got {tag!r}")
+        return b, int(peer)
+
+    def isend(self, buf: Any, dst: int, tag: int = 0) -> Work:
+        b, peer = self._p2p_args(buf, dst, tag, "send", writable=False)
+        sig = self.sig(OpCode.P2P, b.dtype, b.count)
+        cfg = self.rt.config
+        deadline = time.monotonic() + cfg.timeout
+        req = self.rt.router.isend(peer, (int(Kind.P2P), self.id, 0, int(tag)),
+                                   b.array.view(np.uint8), sig, deadline)
+        name = f"send to rank {peer} (tag {tag})"
+        return RequestWork(name, req, deadline, cfg.timeout, self._p2p_error(name))
+
+    def irecv(self, buf: Any, src: int, tag: int = 0) -> Work:
+        b, peer = self._p2p_args(buf, src, tag, "recv", writable=True)
+        sig = self.sig(OpCode.P2P, b.dtype, b.count)
+        cfg = self.rt.config
+        deadline = time.monotonic() + cfg.timeout
+        req = self.rt.router.irecv(peer, (int(Kind.P2P), self.id, 0, int(tag)),
+                                   b.array.view(np.uint8), sig)
+        name = f"recv from rank {peer} (tag {tag})"
+        return RequestWork(name, req, deadline, cfg.timeout, self._p2p_error(name, sig), buf)
+
+    def _p2p_error(self, name: str, mine: OpSig | None = None
+                   ) -> Callable[[CommunicationError], CommunicationError]:
+        def translate(exc: CommunicationError) -> CommunicationError:
+            if isinstance(exc, MismatchError) and mine is not None:
+                return MismatchError(
+                    f"{name}: the message does not fit: rank {self.rt.rank} expects "
+                    f"{describe(mine).replace('p2p', 'a message of')}; {exc}",
+                    op=name, ranks=exc.ranks,
+                )
+            return type(exc)(f"{name}: {exc}", op=name, ranks=exc.ranks)
+
+        return translate
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,261 @@
+"""The process-wide runtime: job identity, store, transports, groups.
+
+``init()`` reads who we are (``unison run``, torchrun, mpirun, Slurm or explicit
+arguments), connects to the rendezvous store, exchanges addresses once, connects
+every pair of ranks, and creates the world group. ``shutdown()`` undoes all of it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from ..algorithms import Choice, Link, choose
+from ..bootstrap import advertise_address, connect_mesh
+from ..config import Config, load_config
+from ..errors import (
+    AbortedError,
+    InvalidArgumentError,
+    MismatchError,
+    NotInitializedError,
+    PeerLostError,
+)
+from ..launch.env import FAILURE_KEY, JobInfo, detect_job, failure_record
+from ..log import configure, get_logger, set_rank
+from ..store import FileStore, Store, TCPStore, TCPStoreServer
+from ..transport.base import Events, Key, PeerInfo
+from ..transport.framing import OpSig
+from ..transport.request import Request
+from ..transport.tcp import TcpTransport
+from .communicator import Communicator
+
+__all__ = ["Runtime", "current", "init", "is_initialized", "shutdown"]
+
+log = get_logger("runtime")
+_LOCK = threading.Lock()
+_RT: Runtime | None = None
+
+
+def _layout(infos: dict[int, PeerInfo], rank: int) -> tuple[int, int, int, int]:
+    """(local_rank, local_size, cross_rank, cross_size) from the hosts ranks reported."""
+    hosts: list[str] = []
+    for r in sorted(infos):
+        if infos[r].host_id not in hosts:
+            hosts.append(infos[r].host_id)
+    mine = infos[rank].host_id
+    local = sorted(r for r in infos if infos[r].host_id == mine)
+    return local.index(rank), len(local), hosts.index(mine), len(hosts)
+
+
+class Runtime:
+    def __init__(self, job: JobInfo, config: Config) -> None:
+        self.job = job
+        self.config = config
+        self.rank = job.rank
+        self.size = job.size
+        self.server: TCPStoreServer | None = None
+        self.store: Store | None = None
+        self.transport = TcpTransport(job.rank, Events(self._on_peer_lost, self._on_abort),
+                                      config.inline_send_bytes)
+        self.link = Link(self.transport.alpha, self.transport.beta)
+        self.overrides = config.algo_overrides()
+        self.groups: dict[int, Communicator] = {}
+        self._next_gid = 1
+        self._lock = threading.Lock()
+        self.infos: dict[int, PeerInfo] = {}
+        self.local_rank, self.local_size, self.cross_rank, self.cross_size = 0, 1, 0, 1
+        self.epoch = 0
+
+    # --- start-up -------------------------------------------------------------------------
+    def start(self) -> None:
+        job, cfg = self.job, self.config
+        if self.size > 1:
+            self.store = self._open_store()
+            self.epoch = self.store.add(f"unison/epoch/{self.rank}", 1)
+            host = job.store_addr[0] if job.store_addr else None
+            self.infos = connect_mesh(
+                self.store, self.rank, self.size, job.secret or b"", job.job_id,
+                advertise=advertise_address(host, cfg.network_interface), bind=cfg.bind_addr,
+                timeout=cfg.timeout, epoch=self.epoch, adopt=self.transport.attach,
+            )
+            self.local_rank, self.local_size, self.cross_rank, self.cross_size = _layout(
+                self.infos, self.rank)
+        if job.local_rank is not None and job.local_size is not None:
+            self.local_rank, self.local_size = job.local_rank, job.local_size
+        if job.cross_rank is not None and job.cross_size is not None:
+            self.cross_rank, self.cross_size = job.cross_rank, job.cross_size
+        self.world = Communicator(self, 0, range(self.size))
+        self.groups[0] = self.world
+
+    def _open_store(self) -> Store:
+        job, cfg = self.job, self.config
+        if job.store_addr is not None:
+            host, port = job.store_addr
+            if job.host_store:
+                self.server = TCPStoreServer("0.0.0.0", port, job.secret).start()
+            return TCPStore(host, port, job.secret, timeout=cfg.timeout)
+        if job.store_path:
+            return FileStore(job.store_path, timeout=cfg.timeout)
+        raise InvalidArgumentError(
+            f"rank {self.rank} of {self.size}: no rendezvous store address; start the job with "
+            "`unison run`, or set UNISON_STORE_ADDR / MASTER_ADDR+MASTER_PORT"
+        )
+
+    # --- routing (the algorithms' Router) ---------------------------------------------------
+    def isend(self, peer: int, key: Key, view: np.ndarray, sig: OpSig,
+              deadline: float) -> Request:
+        return self.transport.isend(peer, key, view, sig, deadline)
+
+    def irecv(self, peer: int, key: Key, view: np.ndarray, sig: OpSig) -> Request:
+        return self.transport.irecv(peer, key, view, sig)
+
+    def cancel(self, peer: int, req: Request) -> None:
+        self.transport.cancel(req)
+
+    @property
+    def router(self) -> Runtime:
+        return self
+
+    def send_control(self, peer: int, ctl: int, payload: bytes) -> None:
+        self.transport.send_control(peer, ctl, payload)
+
+    def forget(self, group: int, seq: int) -> None:
+        self.transport.forget(group, seq)
+
+    def choose(self, coll: str, p: int, nbytes: int) -> Choice:
+        return choose(coll, p, nbytes, self.link, self.overrides)
+
+    # --- groups -------------------------------------------------------------------------------
+    def new_group(self, ranks: Sequence[int] | None) -> Communicator:
+        members = list(range(self.size)) if ranks is None else [int(r) for r in ranks]
+        if not members or len(set(members)) != len(members):
+            raise InvalidArgumentError(f"new_group: ranks must be distinct and non-empty, "
+                                       f"got {list(ranks or [])}")
+        bad = [r for r in members if not 0 <= r < self.size]
+        if bad:
+            raise InvalidArgumentError(f"new_group: ranks {bad} are outside 0..{self.size - 1}")
+        with self._lock:
+            gid = self._next_gid
+            self._next_gid += 1
+            comm = Communicator(self, gid, sorted(members))
+            self.groups[gid] = comm
+        return comm
+
+    # --- events from the transport's threads ----------------------------------------------------
+    def _on_peer_lost(self, peer: int, reason: str, graceful: bool) -> None:
+        what = "shut down" if graceful else f"was lost ({reason})"
+        for comm in list(self.groups.values()):
+            if peer in comm.ranks and comm.rank is not None:
+                comm.peer_lost(PeerLostError(f"rank {peer} {what}", ranks=(peer,),
+                                             group=comm.id))
+
+    def _on_abort(self, peer: int, info: dict[str, Any]) -> None:
+        comm = self.groups.get(int(info.get("group", -1)))  # type: ignore[arg-type]
+        if comm is None:
+            return
+        origin = info.get("origin", peer)
+        text = str(info.get("message", "unknown failure"))
+        exc: Exception
+        if info.get("kind") == "mismatch":
+            exc = MismatchError(text, group=comm.id, ranks=(int(origin),))  # type: ignore[arg-type]
+        else:
+            exc = AbortedError(f"aborted because rank {origin} failed: {text}", group=comm.id,
+                               ranks=(int(origin),))  # type: ignore[arg-type]
+        exc.remote = True  # type: ignore[attr-defined]
+        comm.remote_abort(int(info.get("seq", 0)), exc)  # type: ignore[arg-type]
+
+    # --- failure report and shutdown --------------------------------------------------------------
+    def report_failure(self, text: str) -> None:
+        if self.store is not None:
+            try:
+                self.store.set(FAILURE_KEY.format(rank=self.rank), failure_record(text[:4096]))
+            except Exception:  # noqa: BLE001 - best effort while dying
+                pass
+
+    def close(self) -> None:
+        for comm in list(self.groups.values()):
+            comm.close()
+        self.transport.close()
+        if self.store is not None:
+            try:
+                self.store.add(f"unison/{self.epoch}/down", 1)
+                if self.server is not None:  # keep serving until every rank has left
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        if self.store.add(f"unison/{self.epoch}/down", 0) >= self.size:
+                            break
+                        time.sleep(0.05)
+            except Exception:  # noqa: BLE001
+                pass
+            self.store.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def current() -> Runtime:
+    rt = _RT
+    if rt is None:
+        raise NotInitializedError("unison is not initialized: call unison.init() first")
+    return rt
+
+
+def is_initialized() -> bool:
+    return _RT is not None
+
+
+_prev_hook = sys.excepthook
+
+
+def _excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    rt = _RT
+    if rt is not None:
+        rt.report_failure(f"{tp.__name__}: {value}")
+    _prev_hook(tp, value, tb)
+
+
+def init(*, rank: int | None = None, size: int | None = None,
+         store_addr: str | tuple[str, int] | None = None, secret: bytes | str | None = None,
+         timeout: float | None = None) -> None:
+    """Join the job. Idempotent: a second call while initialized does nothing."""
+    global _RT
+    with _LOCK:
+        if _RT is not None:
+            return
+        cfg = load_config()
+        if timeout is not None:
+            if timeout <= 0:
+                raise InvalidArgumentError(f"timeout must be > 0, got {timeout}")
+            cfg = cfg.replace(timeout=float(timeout))
+        if isinstance(store_addr, str):
+            host, _, port = store_addr.rpartition(":")
+            store_addr = (host, int(port))
+        if isinstance(secret, str):
+            secret = bytes.fromhex(secret)
+        job = detect_job(os.environ, rank=rank, size=size, store_addr=store_addr, secret=secret)
+        configure(cfg.log_level)
+        set_rank(job.rank)
+        rt = Runtime(job, cfg)
+        try:
+            rt.start()
+        except BaseException:
+            rt.close()
+            raise
+        _RT = rt
+        sys.excepthook = _excepthook
+
+
+def shutdown() -> None:
+    """Leave the job: close connections, stop threads, release the store."""
+    global _RT
+    with _LOCK:
+        rt, _RT = _RT, None
+        if rt is not None:
+            sys.excepthook = _prev_hook
+            rt.close()

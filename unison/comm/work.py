@@ -1,0 +1,110 @@
+"""``Work``: the handle of an operation in flight (torch.distributed's name)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ..errors import CollectiveTimeoutError, CommunicationError
+from ..transport.request import Request
+
+__all__ = ["Work"]
+
+
+class Work:
+    """An asynchronous operation.
+
+    ``wait(timeout=None)`` blocks until the operation finishes and re-raises its
+    error; with a timeout it raises :class:`CollectiveTimeoutError` if the
+    operation has not finished by then (the operation itself goes on until its
+    own deadline). ``is_completed()`` and ``exception()`` never block.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+        self._result: Any = None
+
+    # --- completion (called by the engine) --------------------------------------------
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result = result
+        self._error = error
+        self._event.set()
+
+    def _wait_done(self, timeout: float | None) -> bool:
+        return self._event.wait(timeout)
+
+    # --- public ------------------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done; re-raise the operation's error. Returns True."""
+        if not self._wait_done(timeout):
+            raise CollectiveTimeoutError(
+                f"{self.name} did not complete within {timeout:g}s (Work.wait timeout)",
+                op=self.name,
+            )
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._wait_done(0)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        """The error the operation failed with, or None (also while it runs)."""
+        return self._error if self.is_completed() else None
+
+    def result(self) -> Any:
+        """What the operation produced (after :meth:`wait`), e.g. the buffers it filled."""
+        self.wait()
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "pending" if not self.is_completed() else ("failed" if self._error else "done")
+        return f"<Work {self.name} {state}>"
+
+
+class RequestWork(Work):
+    """A point-to-point operation: one transport request plus its deadline."""
+
+    def __init__(self, name: str, req: Request, deadline: float, timeout: float,
+                 translate: Any, result: Any = None) -> None:
+        super().__init__(name)
+        self._req = req
+        self._deadline = deadline
+        self._timeout = timeout
+        self._translate = translate
+        self._result = result
+        self._lock = threading.Lock()
+
+    def _wait_done(self, timeout: float | None) -> bool:
+        if self._event.is_set():
+            return True
+        left = self._deadline - time.monotonic()
+        limit = left if timeout is None else min(timeout, left)
+        try:
+            done = self._req.wait(max(limit, 0.0))
+        except CommunicationError as exc:
+            with self._lock:
+                if not self._event.is_set():
+                    self._finish(self._result, self._translate(exc))
+            return True
+        if done:
+            with self._lock:
+                if not self._event.is_set():
+                    self._finish(self._result)
+            return True
+        if time.monotonic() >= self._deadline:
+            with self._lock:
+                if not self._event.is_set():
+                    self._finish(self._result, CollectiveTimeoutError(
+                        f"{self.name} timed out after {self._timeout:g}s; "
+                        f"not heard from rank {self._req.peer}",
+                        op=self.name, ranks=(self._req.peer,),
+                    ))
+            return True
+        return False

@@ -1,0 +1,77 @@
+"""The transport seam: a handful of methods every transport provides.
+
+A transport moves framed messages between this rank and its peers. Receives are
+matched by (peer, key) with :class:`~unison.transport.matching.Matcher`; the data of
+a matched message lands straight in the receiver's buffer.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .framing import OpSig
+from .request import Request
+
+__all__ = ["Events", "Key", "PeerInfo", "Transport"]
+
+Key = tuple[int, int, int, int]  # (kind, group, seq, tag)
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """What a rank publishes at bootstrap."""
+
+    rank: int
+    host_id: str
+    addr: str
+    port: int
+    pid: int
+
+
+@dataclass
+class Events:
+    """Callbacks from a transport's I/O threads up to the communicator."""
+
+    peer_lost: Callable[[int, str, bool], None]  # (peer, reason, graceful)
+    abort: Callable[[int, dict[str, object]], None]  # (peer, decoded ABORT payload)
+
+
+class Transport(abc.ABC):
+    """Framed, tag-matched messaging with a set of peers."""
+
+    name: str = "?"
+    #: α (seconds per message) and β (seconds per byte) for the cost model.
+    alpha: float = 50e-6
+    beta: float = 1 / 1.5e9
+
+    @abc.abstractmethod
+    def can_connect(self, me: PeerInfo, peer: PeerInfo) -> bool:
+        """Whether this transport can reach ``peer`` (shm: same host only)."""
+
+    @abc.abstractmethod
+    def isend(self, peer: int, key: Key, view: np.ndarray, sig: OpSig, deadline: float) -> Request:
+        """Start sending ``view`` (uint8, contiguous) to ``peer`` under ``key``."""
+
+    @abc.abstractmethod
+    def irecv(self, peer: int, key: Key, view: np.ndarray, sig: OpSig) -> Request:
+        """Post a receive of exactly ``view.nbytes`` bytes from ``peer`` into ``view``."""
+
+    @abc.abstractmethod
+    def cancel(self, req: Request) -> None:
+        """Withdraw a posted receive that will not be waited for."""
+
+    @abc.abstractmethod
+    def send_control(self, peer: int, ctl: int, payload: bytes) -> None:
+        """Best-effort control frame (abort, goodbye); never raises."""
+
+    @abc.abstractmethod
+    def forget(self, group: int, seq: int) -> None:
+        """Drop buffered messages of an operation that failed."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Say goodbye to every peer and release sockets, threads and memory."""

@@ -1,0 +1,329 @@
+"""TCP transport: one authenticated connection per peer pair.
+
+Threads, per peer: a *reader* that always drains the socket (so two ranks that
+send to each other at once never deadlock), receiving payloads straight into the
+posted buffer (``recv_into`` on a memoryview) or, when no receive is posted yet,
+into an unexpected-message copy; and a lazily started *sender* for large or
+queued messages. Small messages are sent from the caller's thread when nothing
+is queued ahead of them. Frames are written whole under a per-peer lock.
+
+A peer whose connection drops fails every receive posted for it at once with
+:class:`PeerLostError`, and the communicator is told so it can fail in-flight
+collectives promptly instead of waiting for their deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from ..errors import MismatchError, PeerLostError
+from ..log import get_logger
+from .base import Events, Key, PeerInfo, Transport
+from .framing import HEADER, Control, FrameError, Kind, OpSig, pack, unpack
+from .matching import Matcher, Unexpected
+from .request import Request
+
+__all__ = ["TcpTransport"]
+
+log = get_logger("tcp")
+_POLL = 1.0  # bounded poll of socket operations, so threads notice shutdown
+_MAX_CONTROL = 1 << 20
+
+
+def _sig_matches(a: OpSig, b: OpSig) -> bool:
+    return a == b
+
+
+class _Conn:
+    """State of one peer connection."""
+
+    def __init__(self, peer: int, sock: socket.socket) -> None:
+        self.peer = peer
+        self.sock = sock
+        self.send_lock = threading.Lock()
+        self.queue: deque[tuple[Request, bytes, float]] = deque()
+        self.cv = threading.Condition(threading.Lock())
+        self.sender: threading.Thread | None = None
+        self.reader: threading.Thread | None = None
+        self.dead: str | None = None
+        self.goodbye = False
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+    alpha = 40e-6
+    beta = 1 / 1.5e9
+
+    def __init__(self, rank: int, events: Events, inline_bytes: int = 1 << 16) -> None:
+        self.rank = rank
+        self.events = events
+        self.inline_bytes = inline_bytes
+        self.matcher = Matcher()
+        self.conns: dict[int, _Conn] = {}
+        self._closing = False
+
+    # --- connection management (bootstrap hands us authenticated sockets) ----------
+    def can_connect(self, me: PeerInfo, peer: PeerInfo) -> bool:
+        return True
+
+    def attach(self, peer: int, sock: socket.socket) -> None:
+        """Adopt an authenticated socket to ``peer`` and start its reader."""
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(_POLL)
+        conn = _Conn(peer, sock)
+        self.conns[peer] = conn
+        conn.reader = threading.Thread(
+            target=self._read_loop, args=(conn,), name=f"unison-tcp-read-{peer}", daemon=True
+        )
+        conn.reader.start()
+
+    # --- sending -------------------------------------------------------------------
+    def isend(self, peer: int, key: Key, view: np.ndarray, sig: OpSig, deadline: float) -> Request:
+        req = Request(peer, key, view, sig)
+        conn = self.conns[peer]
+        if conn.dead is not None:
+            req.complete(self._lost_error(conn))
+            return req
+        hdr = pack(key[0], key[1], key[2], key[3], sig, req.nbytes)
+        if req.nbytes <= self.inline_bytes and conn.send_lock.acquire(blocking=False):
+            try:
+                if not conn.queue:
+                    self._send_or_fail(conn, req, hdr, deadline)
+                    return req
+            finally:
+                conn.send_lock.release()
+        with conn.cv:
+            conn.queue.append((req, hdr, deadline))
+            if conn.sender is None:
+                conn.sender = threading.Thread(
+                    target=self._send_loop, args=(conn,), name=f"unison-tcp-send-{peer}",
+                    daemon=True,
+                )
+                conn.sender.start()
+            conn.cv.notify()
+        return req
+
+    def _send_or_fail(self, conn: _Conn, req: Request, hdr: bytes, deadline: float) -> None:
+        try:
+            self._write(conn, hdr, req.view, deadline)
+        except OSError as exc:
+            self._peer_lost(conn, f"send failed: {exc}")
+            req.complete(self._lost_error(conn))
+        else:
+            req.complete()
+
+    def _write(self, conn: _Conn, hdr: bytes, view: np.ndarray | None, deadline: float) -> None:
+        """Write one frame; the caller holds ``conn.send_lock``."""
+        parts: list[memoryview] = [memoryview(hdr)]
+        if view is not None and view.nbytes:
+            parts.append(memoryview(view).cast("B"))
+        while parts:
+            try:
+                sent = conn.sock.sendmsg(parts)
+            except TimeoutError:
+                if time.monotonic() > deadline or self._closing or conn.dead:
+                    raise OSError("peer stopped reading before the deadline") from None
+                continue
+            while sent and parts:
+                n = len(parts[0])
+                if sent >= n:
+                    sent -= n
+                    parts.pop(0)
+                else:
+                    parts[0] = parts[0][sent:]
+                    sent = 0
+
+    def _send_loop(self, conn: _Conn) -> None:
+        while True:
+            with conn.cv:
+                while not conn.queue:
+                    if self._closing or conn.dead is not None:
+                        return
+                    conn.cv.wait(_POLL)
+            with conn.send_lock:
+                with conn.cv:
+                    if not conn.queue:
+                        continue
+                    req, hdr, deadline = conn.queue.popleft()
+                if conn.dead is not None:
+                    req.complete(self._lost_error(conn))
+                    continue
+                self._send_or_fail(conn, req, hdr, deadline)
+
+    def send_control(self, peer: int, ctl: int, payload: bytes) -> None:
+        conn = self.conns.get(peer)
+        if conn is None or conn.dead is not None:
+            return
+        hdr = pack(Kind.CONTROL, 0, 0, ctl, OpSig(), len(payload))
+        view = np.frombuffer(payload, np.uint8) if payload else None
+        if conn.send_lock.acquire(timeout=2.0):
+            try:
+                self._write(conn, hdr, view, time.monotonic() + 2.0)
+            except OSError:
+                pass
+            finally:
+                conn.send_lock.release()
+
+    # --- receiving -----------------------------------------------------------------
+    def irecv(self, peer: int, key: Key, view: np.ndarray, sig: OpSig) -> Request:
+        req = Request(peer, key, view, sig)
+        conn = self.conns[peer]
+        msg = self.matcher.post(req)
+        if msg is not None:
+            self._deliver_copy(req, msg)
+        elif conn.dead is not None:
+            self.matcher.cancel(req)
+            req.complete(self._lost_error(conn))
+        return req
+
+    def cancel(self, req: Request) -> None:
+        self.matcher.cancel(req)
+
+    def forget(self, group: int, seq: int) -> None:
+        self.matcher.drop_group_seq(group, seq)
+
+    @staticmethod
+    def _mismatch(req: Request, sig: OpSig, length: int) -> MismatchError:
+        req.sender_sig = sig
+        return MismatchError(
+            f"rank {req.peer} sent {length} bytes for a message of {req.nbytes} bytes",
+            ranks=(req.peer,),
+        )
+
+    def _deliver_copy(self, req: Request, msg: Unexpected) -> None:
+        if len(msg.data) != req.nbytes or not _sig_matches(req.sig, msg.sig):
+            req.complete(self._mismatch(req, msg.sig, len(msg.data)))
+            return
+        if req.nbytes and req.view is not None:
+            req.view[:] = np.frombuffer(msg.data, np.uint8)
+        req.complete()
+
+    def _recv_into(self, conn: _Conn, mv: memoryview) -> bool:
+        """Fill ``mv`` from the socket; False on orderly EOF."""
+        got, n = 0, len(mv)
+        while got < n:
+            try:
+                k = conn.sock.recv_into(mv[got:], n - got)
+            except TimeoutError:
+                if self._closing:
+                    return False
+                continue
+            if k == 0:
+                return False
+            got += k
+        return True
+
+    def _discard(self, conn: _Conn, length: int) -> bool:
+        scratch = memoryview(bytearray(min(length, 1 << 20)))
+        while length:
+            step = min(length, len(scratch))
+            if not self._recv_into(conn, scratch[:step]):
+                return False
+            length -= step
+        return True
+
+    def _read_loop(self, conn: _Conn) -> None:
+        hdr = bytearray(HEADER.size)
+        hmv = memoryview(hdr)
+        reason = "connection closed"
+        try:
+            while self._recv_into(conn, hmv):
+                frame = unpack(hdr)
+                if frame.kind is Kind.CONTROL:
+                    if not self._control(conn, frame.tag, frame.length):
+                        break
+                    continue
+                key = frame.key
+                req = self.matcher.take_posted(conn.peer, key)
+                if req is None:
+                    data = bytearray(frame.length)
+                    if frame.length and not self._recv_into(conn, memoryview(data)):
+                        break
+                    req = self.matcher.add_unexpected(conn.peer, key, Unexpected(data, frame.sig))
+                    if req is not None:
+                        self._deliver_copy(req, Unexpected(data, frame.sig))
+                    continue
+                if frame.length != req.nbytes or not _sig_matches(req.sig, frame.sig):
+                    err = self._mismatch(req, frame.sig, frame.length)
+                    if not self._discard(conn, frame.length):
+                        break
+                    req.complete(err)
+                    continue
+                if req.nbytes and req.view is not None:
+                    if not self._recv_into(conn, memoryview(req.view).cast("B")):
+                        req.complete(self._lost_error(conn, "closed mid-message"))
+                        break
+                req.complete()
+        except FrameError as exc:
+            reason = f"protocol error: {exc}"
+        except OSError as exc:
+            reason = f"connection error: {exc}"
+        self._peer_lost(conn, reason)
+
+    def _control(self, conn: _Conn, ctl: int, length: int) -> bool:
+        if length > _MAX_CONTROL:
+            raise FrameError(f"control frame of {length} bytes")
+        data = bytearray(length)
+        if length and not self._recv_into(conn, memoryview(data)):
+            return False
+        if ctl == Control.GOODBYE:
+            conn.goodbye = True
+        elif ctl == Control.ABORT:
+            try:
+                info = json.loads(data.decode())
+            except ValueError:
+                info = {"message": "undecodable abort"}
+            self.events.abort(conn.peer, info)
+        return True
+
+    # --- failure and shutdown -------------------------------------------------------
+    def _lost_error(self, conn: _Conn, detail: str | None = None) -> PeerLostError:
+        if conn.goodbye:
+            msg = f"rank {conn.peer} has shut down"
+        else:
+            msg = f"lost connection to rank {conn.peer} ({detail or conn.dead or 'closed'})"
+        return PeerLostError(msg, ranks=(conn.peer,))
+
+    def _peer_lost(self, conn: _Conn, reason: str) -> None:
+        if conn.dead is not None:
+            return
+        conn.dead = reason
+        graceful = conn.goodbye or self._closing
+        if not graceful:
+            log.warning("rank %d: %s", conn.peer, reason)
+        try:
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        err = self._lost_error(conn)
+        for req in self.matcher.drop_peer(conn.peer):
+            req.complete(err)
+        with conn.cv:
+            pending = list(conn.queue)
+            conn.queue.clear()
+            conn.cv.notify_all()
+        for req, _, _ in pending:
+            req.complete(err)
+        if not self._closing:
+            self.events.peer_lost(conn.peer, reason, conn.goodbye)
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            self.send_control(conn.peer, Control.GOODBYE, b"")
+        self._closing = True
+        for conn in self.conns.values():
+            with conn.cv:
+                conn.cv.notify_all()
+            self._peer_lost(conn, "closed")
+        for conn in self.conns.values():
+            for t in (conn.reader, conn.sender):
+                if t is not None and t is not threading.current_thread():
+                    t.join(timeout=2.0)
+            conn.sock.close()
+        self.conns.clear()
