@@ -248,13 +248,13 @@ def test_parked_client_disconnect_cleans_up(server: TCPStoreServer, baseline: in
 
     t = threading.Thread(target=blocked)
     t.start()
-    assert wait_until(lambda: bool(server._waiters))
+    assert wait_until(lambda: server.num_parked() == 1)
     c.close()
     t.join(5)
     assert not t.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], StoreError)
     assert_healthy(server, baseline)
-    assert not server._waiters  # no parked request left behind
+    assert server.num_parked() == 0  # no parked request left behind
 
 
 def test_server_close_releases_parked_get() -> None:

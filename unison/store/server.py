@@ -19,8 +19,6 @@ client's timeout passes; nothing polls.
 from __future__ import annotations
 
 import contextlib
-import heapq
-import itertools
 import secrets
 import selectors
 import socket
@@ -30,6 +28,7 @@ import time
 from ..errors import InvalidArgumentError
 from ..log import get_logger
 from . import _proto as p
+from ._kv import KVState, Parked
 
 __all__ = ["TCPStoreServer"]
 
@@ -56,19 +55,7 @@ class _Conn:
         self.closing = False
         # when the frame in progress must have started; before authentication: accept time
         self.frame_started: float | None = now
-        self.parked: _Waiter | None = None
-
-
-class _Waiter:
-    __slots__ = ("conn", "deadline", "done", "keys", "missing", "op")
-
-    def __init__(self, conn: _Conn, op: p.Op, keys: list[str], deadline: float) -> None:
-        self.conn = conn
-        self.op = op
-        self.keys = keys
-        self.missing = set(keys)
-        self.deadline = deadline
-        self.done = False
+        self.parked: Parked | None = None
 
 
 class TCPStoreServer:
@@ -104,12 +91,8 @@ class TCPStoreServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._data: dict[str, bytes] = {}
-        self._lock = threading.Lock()
+        self._kv = KVState()
         self._conns: dict[int, _Conn] = {}
-        self._waiters: dict[str, set[_Waiter]] = {}
-        self._heap: list[tuple[float, int, _Waiter]] = []
-        self._seq = itertools.count()
         self._accept_paused_until = 0.0
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -134,11 +117,14 @@ class TCPStoreServer:
 
     def get_local(self, key: str) -> bytes | None:
         """The value of ``key`` read in-process (no network), or None if unset."""
-        with self._lock:
-            return self._data.get(key)
+        return self._kv.get(key)
 
     def num_connections(self) -> int:
         return len(self._conns)
+
+    def num_parked(self) -> int:
+        """Requests (get/wait) currently waiting for keys."""
+        return self._kv.parked_count()
 
     def close(self) -> None:
         """Stop serving and close the listening socket and every connection."""
@@ -186,11 +172,7 @@ class TCPStoreServer:
 
     def _next_timeout(self) -> float | None:
         now = time.monotonic()
-        nxt: float | None = None
-        while self._heap and self._heap[0][2].done:
-            heapq.heappop(self._heap)
-        if self._heap:
-            nxt = self._heap[0][0]
+        nxt = self._kv.next_deadline()
         for conn in self._conns.values():
             if conn.frame_started is not None:
                 t = conn.frame_started + self._frame_timeout
@@ -202,11 +184,8 @@ class TCPStoreServer:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        while self._heap and (self._heap[0][2].done or self._heap[0][0] <= now):
-            _, _, waiter = heapq.heappop(self._heap)
-            if not waiter.done:
-                missing = [k for k in waiter.keys if k in waiter.missing]
-                self._finish(waiter, p.Status.TIMEOUT, [k.encode() for k in missing])
+        self._kv.expire(now)
+        self._answer_completed()
         for conn in list(self._conns.values()):
             started = conn.frame_started
             if started is not None and now - started > self._frame_timeout:
@@ -257,7 +236,8 @@ class TCPStoreServer:
 
     def _drop(self, conn: _Conn) -> None:
         if conn.parked is not None:
-            self._cancel(conn.parked)
+            self._kv.cancel(conn.parked)
+            conn.parked = None
         fd = conn.sock.fileno()
         if fd >= 0:
             self._conns.pop(fd, None)
@@ -352,121 +332,19 @@ class TCPStoreServer:
                 op = p.Op(code)
             except ValueError:
                 raise p.ProtocolError(f"unknown op code {code}") from None
-            self._dispatch(conn, op, fields)
+            result = self._kv.request(conn, op, fields, time.monotonic())
         except p.ProtocolError as exc:
-            self._respond(conn, p.Status.ERROR, [f"bad request: {exc}".encode()])
-
-    def _dispatch(self, conn: _Conn, op: p.Op, f: list[bytes]) -> None:
-        ok = p.Status.OK
-        if op is p.Op.PING:
-            self._respond(conn, ok, [])
-        elif op is p.Op.SET:
-            _arity(op, f, 2)
-            self._store(p.parse_key(f[0]), f[1])
-            self._respond(conn, ok, [])
-        elif op is p.Op.GET:
-            _arity(op, f, 2)
-            key, timeout = p.parse_key(f[0]), p.parse_f64(f[1])
-            with self._lock:
-                value = self._data.get(key)
-            if value is not None:
-                self._respond(conn, ok, [value])
-            else:
-                self._park(conn, op, [key], timeout)
-        elif op is p.Op.ADD:
-            _arity(op, f, 2)
-            self._add(conn, p.parse_key(f[0]), p.parse_i64(f[1]))
-        elif op is p.Op.CAS:
-            _arity(op, f, 3)
-            self._cas(conn, p.parse_key(f[0]), f[1], f[2])
-        elif op is p.Op.WAIT:
-            if not f:
-                raise p.ProtocolError("WAIT needs a timeout field")
-            timeout = p.parse_f64(f[0])
-            keys = [p.parse_key(k) for k in f[1:]]
-            with self._lock:
-                missing = [k for k in keys if k not in self._data]
-            if missing:
-                self._park(conn, op, missing, timeout)
-            else:
-                self._respond(conn, ok, [])
-        elif op is p.Op.CHECK:
-            keys = [p.parse_key(k) for k in f]
-            with self._lock:
-                present = all(k in self._data for k in keys)
-            self._respond(conn, ok, [b"\x01" if present else b"\x00"])
-        elif op is p.Op.DELETE:
-            _arity(op, f, 1)
-            with self._lock:
-                existed = self._data.pop(p.parse_key(f[0]), None) is not None
-            self._respond(conn, ok, [b"\x01" if existed else b"\x00"])
-        elif op is p.Op.NUM_KEYS:
-            with self._lock:
-                n = len(self._data)
-            self._respond(conn, ok, [p.i64(n)])
-
-    def _store(self, key: str, value: bytes) -> None:
-        with self._lock:
-            self._data[key] = value
-        self._notify(key, value)
-
-    def _add(self, conn: _Conn, key: str, amount: int) -> None:
-        with self._lock:
-            raw = self._data.get(key, b"0")
-        try:
-            new = int(raw.decode("ascii")) + amount
-        except (UnicodeDecodeError, ValueError):
-            self._respond(conn, p.Status.ERROR, [f"value of {key!r} is not an integer".encode()])
-            return
-        if not -(1 << 63) <= new < (1 << 63):
-            self._respond(conn, p.Status.ERROR, [f"counter {key!r} overflows int64".encode()])
-            return
-        self._store(key, str(new).encode())
-        self._respond(conn, p.Status.OK, [p.i64(new)])
-
-    def _cas(self, conn: _Conn, key: str, expected: bytes, desired: bytes) -> None:
-        with self._lock:
-            current = self._data.get(key)
-        if (current is None and expected == b"") or (current is not None and current == expected):
-            self._store(key, desired)
-            result = desired
+            result = (p.Status.ERROR, [f"bad request: {exc}".encode()])
+        if isinstance(result, Parked):
+            conn.parked = result
         else:
-            result = expected if current is None else current
-        self._respond(conn, p.Status.OK, [result])
+            self._respond(conn, *result)
+        self._answer_completed()
 
-    # -- parked get/wait --------------------------------------------------------------
-    def _park(self, conn: _Conn, op: p.Op, keys: list[str], timeout: float) -> None:
-        if timeout <= 0:
-            self._respond(conn, p.Status.TIMEOUT, [k.encode() for k in keys])
-            return
-        waiter = _Waiter(conn, op, keys, time.monotonic() + min(timeout, 1e9))
-        conn.parked = waiter
-        for k in keys:
-            self._waiters.setdefault(k, set()).add(waiter)
-        heapq.heappush(self._heap, (waiter.deadline, next(self._seq), waiter))
-
-    def _notify(self, key: str, value: bytes) -> None:
-        for waiter in list(self._waiters.get(key, ())):
-            waiter.missing.discard(key)
-            if not waiter.missing:
-                self._finish(waiter, p.Status.OK, [value] if waiter.op is p.Op.GET else [])
-
-    def _cancel(self, waiter: _Waiter) -> None:
-        waiter.done = True
-        waiter.conn.parked = None
-        for k in waiter.keys:
-            group = self._waiters.get(k)
-            if group is not None:
-                group.discard(waiter)
-                if not group:
-                    del self._waiters[k]
-
-    def _finish(self, waiter: _Waiter, status: p.Status, fields: list[bytes]) -> None:
-        self._cancel(waiter)
-        if waiter.conn.sock.fileno() >= 0:
-            self._respond(waiter.conn, status, fields)
-
-
-def _arity(op: p.Op, fields: list[bytes], n: int) -> None:
-    if len(fields) != n:
-        raise p.ProtocolError(f"{op.name} takes {n} fields, got {len(fields)}")
+    def _answer_completed(self) -> None:
+        for waiter, (status, fields) in self._kv.take_completed():
+            conn = waiter.owner
+            assert isinstance(conn, _Conn)
+            conn.parked = None
+            if conn.sock.fileno() >= 0:
+                self._respond(conn, status, fields)

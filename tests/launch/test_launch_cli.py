@@ -1,0 +1,69 @@
+"""The ``unison`` console script: --version, info, info --config, lazy subcommands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from unison._version import __version__
+from unison.launch import cli
+
+pytestmark = pytest.mark.timeout(60)
+
+CLI = [sys.executable, "-m", "unison.launch.cli"]
+
+
+def test_version() -> None:
+    res = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0
+    assert res.stdout.strip() == f"unison {__version__}"
+
+
+def test_no_subcommand_prints_help() -> None:
+    res = subprocess.run(CLI, capture_output=True, text=True, timeout=20)
+    assert res.returncode == 2
+    assert "run" in res.stderr and "info" in res.stderr
+
+
+def test_info_and_config() -> None:
+    env = {**os.environ, "UNISON_TIMEOUT": "42", "UNISON_TYPO_KNOB": "1",
+           "UNISON_SECRET": "ab" * 32}
+    res = subprocess.run([*CLI, "info", "--config"], capture_output=True, text=True,
+                         timeout=50, env=env)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert out.splitlines()[0] == f"unison {__version__}"
+    import numpy
+    assert f"numpy {numpy.__version__}" in out
+    assert "python " in out and ("torch " in out or "torch: not installed" in out)
+    assert "[X] tcp" in out and "[X] native" in out
+    assert "shm" in out and "cma" in out and "mpi" in out
+    from unison.config import KNOBS
+    for knob in KNOBS:
+        assert knob.env in out and knob.doc in out
+    assert "UNISON_TIMEOUT" in out and "= 42.0" in out
+    assert "UNISON_TYPO_KNOB" in out  # reported as unknown
+    assert "ab" * 32 not in out  # the secret is never printed
+    plain = subprocess.run([*CLI, "info"], capture_output=True, text=True, timeout=50)
+    assert plain.returncode == 0 and "UNISON_TIMEOUT" not in plain.stdout
+
+
+def test_run_does_not_import_torch_or_info() -> None:
+    code = (
+        "import sys\n"
+        "from unison.launch import cli\n"
+        "status = cli.main(['run', '-np', '1', sys.executable, '-c', 'pass'])\n"
+        "print(status, 'torch' in sys.modules, 'unison.launch.info' in sys.modules)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30)
+    assert res.stdout.split() == ["0", "False", "False"], res.stderr
+
+
+def test_subcommand_registry_is_lazy() -> None:
+    assert set(cli.SUBCOMMANDS) >= {"run", "info"}
+    parser = cli.build_parser(None)  # builds without importing any subcommand module
+    assert parser.prog == "unison"

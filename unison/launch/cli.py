@@ -1,0 +1,61 @@
+"""The ``unison`` console script (also ``python -m unison.launch.cli``).
+
+Subcommands live in :data:`SUBCOMMANDS`: name -> (module, one-line help). A module
+provides ``configure_parser(parser)`` and ``main(args) -> int``; only the module of
+the subcommand being run is imported, so ``unison run`` never pays for torch.
+Adding ``bench`` or ``simulate`` is one line here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .._version import __version__
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("unison.launch.launcher", "start N ranks of a command on this host"),
+    "info": ("unison.launch.info", "versions, transports, backends and configuration"),
+    # "bench": ("unison.bench.cli", "nccl-tests-style benchmarks"),
+    # "simulate": ("unison.sim.cli", "predict collective times from the cost model"),
+}
+
+
+def _chosen(argv: list[str]) -> str | None:
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in SUBCOMMANDS else None
+    return None
+
+
+def build_parser(chosen: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="unison", description="unison: collective communication for Python."
+    )
+    parser.add_argument("--version", action="version", version=f"unison {__version__}")
+    sub = parser.add_subparsers(dest="subcommand", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module).configure_parser(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = _chosen(argv)
+    parser = build_parser(chosen)
+    args = parser.parse_args(argv)
+    if args.subcommand is None:
+        parser.print_help(sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[args.subcommand][0])
+    status: int = module.main(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

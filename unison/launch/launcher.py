@@ -1,0 +1,322 @@
+"""``unison run -np N command ...``: start a local job and supervise it.
+
+The launcher generates a per-job secret and id, serves the job's
+:class:`~unison.store.TCPStoreServer` on 127.0.0.1, starts N ranks with the
+``UNISON_*`` (and Horovod's ``HOROVOD_*``) environment, forwards their output and
+watches them. One failure fails the job: the first rank to fail is named with its
+exit code or signal and its reason (the :data:`~unison.launch.env.FAILURE_KEY`
+record it left in the store, else its last stderr line); every other rank's process
+group gets SIGTERM at once and SIGKILL after a short grace. Exit status: 0 when
+every rank exits 0, else the first failing rank's status (128 + signal when killed),
+124 on ``--job-timeout``, 130/143 on SIGINT/SIGTERM, 127 when the command is not
+found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import secrets
+import selectors
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import BinaryIO
+
+from .. import config as C
+from ..errors import InvalidArgumentError
+from ..store import TCPStoreServer
+from .env import FAILURE_KEY, parse_failure_record
+from .output import OutputForwarder
+from .supervise import (
+    RankProcess,
+    describe_exit,
+    exit_status,
+    signal_name,
+    start_rank,
+    take_pipes,
+)
+
+__all__ = ["JobSupervisor", "configure_parser", "main", "rank_environment", "run_job"]
+
+GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL
+DRAIN_SECONDS = 2.0  # output still read after the last rank exited
+EXIT_JOB_TIMEOUT = 124
+EXIT_NOT_FOUND = 127
+EXIT_CANNOT_RUN = 126
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-np", "-n", "--np", dest="np", type=int, required=True, metavar="N",
+                   help="number of ranks to start on this host")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="default deadline of every blocking call in the ranks (UNISON_TIMEOUT)")
+    p.add_argument("--job-timeout", type=float, default=None, metavar="S",
+                   help="wall-clock limit of the whole job; ends it with exit status 124")
+    p.add_argument("--no-prefix", action="store_true",
+                   help="do not prefix output lines with [rank] (or UNISON_PREFIX_OUTPUT=0)")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the command every rank runs (after an optional --)")
+
+
+def main(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("unison run: no command given (usage: unison run -np N command ...)",
+              file=sys.stderr)
+        return 2
+    try:
+        prefix = C.load_config().prefix_output and not args.no_prefix
+        return run_job(command, args.np, timeout=args.timeout,
+                       job_timeout=args.job_timeout, prefix=prefix)
+    except InvalidArgumentError as exc:
+        print(f"unison run: {exc}", file=sys.stderr)
+        return 2
+
+
+def rank_environment(
+    base: Mapping[str, str], *, rank: int, size: int, store: tuple[str, int], secret: bytes,
+    job_id: str, timeout: float | None = None,
+) -> dict[str, str]:
+    """The environment of one rank of a single-host job."""
+    env = dict(base)
+    ident = {
+        "RANK": rank, "SIZE": size, "LOCAL_RANK": rank, "LOCAL_SIZE": size,
+        "CROSS_RANK": 0, "CROSS_SIZE": 1,
+    }
+    for name, value in ident.items():
+        env[f"UNISON_{name}"] = str(value)
+        env[f"HOROVOD_{name}"] = str(value)
+    env[C.ENV_STORE_ADDR] = f"{store[0]}:{store[1]}"
+    env[C.ENV_SECRET] = secret.hex()
+    env[C.ENV_JOB_ID] = job_id
+    env["HOROVOD_HOSTNAME"] = "localhost"
+    env["PYTHONUNBUFFERED"] = "1"
+    if timeout is not None:
+        env["UNISON_TIMEOUT"] = repr(float(timeout))
+    return env
+
+
+def run_job(
+    command: Sequence[str], np: int, *, timeout: float | None = None,
+    job_timeout: float | None = None, prefix: bool = True,
+    env: Mapping[str, str] | None = None,
+    stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
+) -> int:
+    """Run ``command`` as ``np`` ranks on this host; the job's exit status."""
+    if np < 1:
+        raise InvalidArgumentError(f"-np must be >= 1, got {np}")
+    for name, value in (("--timeout", timeout), ("--job-timeout", job_timeout)):
+        if value is not None and not value > 0:
+            raise InvalidArgumentError(f"{name} must be > 0 seconds, got {value}")
+    secret = secrets.token_bytes(32)
+    job_id = f"{int(time.time())}-{os.getpid()}-{secrets.token_hex(3)}"
+    base = os.environ if env is None else env
+    with TCPStoreServer("127.0.0.1", 0, secret, max_connections=max(1024, 4 * np)) as server:
+        server.start()
+        envs = [
+            rank_environment(base, rank=r, size=np, store=server.address, secret=secret,
+                             job_id=job_id, timeout=timeout)
+            for r in range(np)
+        ]
+        job = JobSupervisor(
+            command, envs, server, job_timeout=job_timeout, prefix=prefix,
+            stdout=stdout or sys.stdout.buffer, stderr=stderr or sys.stderr.buffer,
+        )
+        return job.run()
+
+
+class JobSupervisor:
+    """The launcher's event loop: rank exits (pidfds), their output, signals, deadlines."""
+
+    def __init__(
+        self, command: Sequence[str], envs: Sequence[Mapping[str, str]],
+        server: TCPStoreServer, *, job_timeout: float | None, prefix: bool,
+        stdout: BinaryIO, stderr: BinaryIO,
+    ) -> None:
+        self.command = list(command)
+        self.envs = list(envs)
+        self.server = server
+        self.job_timeout = job_timeout
+        self.stderr = stderr
+        self.sel = selectors.DefaultSelector()
+        self.output = OutputForwarder(self.sel, stdout, stderr, prefix=prefix)
+        self.ranks: list[RankProcess] = []
+        self.signals: list[int] = []
+        self.stop_reason: str | None = None  # "failure", "timeout", "signal"
+        self.stop_status = 0
+        self.kill_at: float | None = None
+        self.failed: list[RankProcess] = []  # failures not caused by the launcher
+        self._wake_r, self._wake_w = os.pipe()
+
+    # -- life cycle -------------------------------------------------------------------
+    def run(self) -> int:
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        signals = self._install_signals()
+        try:
+            status = self._start_all()
+            if status is None:
+                self._loop()
+                status = self._verdict()
+            return status
+        finally:
+            self._cleanup()
+            signals.close()
+
+    def _install_signals(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if threading.current_thread() is not threading.main_thread():
+            return stack
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self.signals.append(signum)
+
+        old_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        stack.callback(signal.set_wakeup_fd, old_fd)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            old = signal.signal(signum, on_signal)
+            stack.callback(signal.signal, signum, old)
+        return stack
+
+    def _start_all(self) -> int | None:
+        for rank, env in enumerate(self.envs):
+            try:
+                rp = start_rank(rank, self.command, env)
+            except OSError as exc:
+                self._stop("failure", 0)
+                self._finish_kill()
+                if isinstance(exc, FileNotFoundError):
+                    self._say(f"cannot start {self.command[0]!r}: command not found")
+                    return EXIT_NOT_FOUND
+                self._say(f"cannot start {self.command[0]!r}: {exc.strerror or exc}")
+                return EXIT_CANNOT_RUN
+            self.ranks.append(rp)
+            out_fd, err_fd = take_pipes(rp)
+            self.output.add(rank, out_fd, err_fd)
+            if rp.pidfd is not None:
+                self.sel.register(rp.pidfd, selectors.EVENT_READ, rp)
+        return None
+
+    def _loop(self) -> None:
+        deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
+        drain_until: float | None = None
+        while True:
+            now = time.monotonic()
+            if not any(r.running for r in self.ranks):
+                if drain_until is None:
+                    drain_until = now + DRAIN_SECONDS
+                if self.output.open_streams == 0 or now >= drain_until:
+                    return
+            timeouts = [t - now for t in (deadline, self.kill_at, drain_until) if t is not None]
+            if any(r.running and r.pidfd is None for r in self.ranks):
+                timeouts.append(0.05)  # no pidfd on this kernel: bounded polling
+            wait = max(0.0, min(timeouts)) if timeouts else None
+            for key, _ in self.sel.select(wait):
+                if key.data == "wake":
+                    with contextlib.suppress(OSError):
+                        os.read(self._wake_r, 512)
+                elif isinstance(key.data, RankProcess):
+                    with contextlib.suppress(KeyError, ValueError):
+                        self.sel.unregister(key.fileobj)
+                else:
+                    self.output.on_readable(key.data)
+            self._reap()
+            self._handle_signals()
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and self.stop_reason is None:
+                self._say(f"job timed out after {self.job_timeout:g} s; ending all ranks")
+                self._stop("timeout", EXIT_JOB_TIMEOUT)
+            if self.kill_at is not None and now >= self.kill_at:
+                self._finish_kill()
+
+    def _reap(self) -> None:
+        for rp in self.ranks:
+            if rp.poll() and rp.returncode != 0:
+                caused_by_us = rp.signalled and rp.returncode in (
+                    -signal.SIGTERM, -signal.SIGKILL,
+                )
+                if self.stop_reason in (None, "failure") and not caused_by_us:
+                    self.failed.append(rp)
+                if self.stop_reason is None:
+                    self._stop("failure", 0)
+
+    def _handle_signals(self) -> None:
+        while self.signals:
+            signum = self.signals.pop(0)
+            if self.stop_reason == "signal":
+                self._finish_kill()  # asked twice: no more grace
+                continue
+            self._say(f"interrupted by {signal_name(signum)}; ending all ranks")
+            self._stop("signal", 128 + signum)
+
+    def _stop(self, reason: str, status: int) -> None:
+        """Start ending the job: SIGTERM every running rank's group, SIGKILL after grace."""
+        if self.stop_reason is None or reason == "signal":
+            self.stop_reason, self.stop_status = reason, status
+        for rp in self.ranks:
+            if rp.running:
+                rp.signal_group(signal.SIGTERM)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + GRACE_SECONDS
+
+    def _finish_kill(self) -> None:
+        for rp in self.ranks:
+            if rp.running:
+                rp.signal_group(signal.SIGKILL)
+        self.kill_at = None
+
+    # -- verdict ----------------------------------------------------------------------
+    def _blame(self) -> tuple[RankProcess, str | None] | None:
+        """The root-cause failure: the first seen, unless a later one recorded an earlier time."""
+        best: tuple[RankProcess, str | None, float | None] | None = None
+        for rp in self.failed:
+            raw = self.server.get_local(FAILURE_KEY.format(rank=rp.rank))
+            why, when = parse_failure_record(raw) if raw is not None else (None, None)
+            if best is None or (
+                when is not None and best[2] is not None and when < best[2]
+            ):
+                best = (rp, why, when)
+        return None if best is None else (best[0], best[1])
+
+    def _verdict(self) -> int:
+        if self.stop_reason in ("timeout", "signal"):
+            return self.stop_status
+        blamed = self._blame()
+        if blamed is None:
+            if self.stop_reason == "failure":  # only launcher-caused exits: odd, not 0
+                return 1
+            return 0
+        rp, why = blamed
+        assert rp.returncode is not None
+        self.output.close_all()  # the last stderr line must be in
+        why = why or self.output.last_stderr_line(rp.rank)
+        line = f"rank {rp.rank} failed first ({describe_exit(rp.returncode)})"
+        self._say(f"{line}: {why}" if why else line)
+        return exit_status(rp.returncode)
+
+    def _say(self, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.stderr.write(f"unison run: {text}\n".encode())
+            self.stderr.flush()
+
+    def _cleanup(self) -> None:
+        for rp in self.ranks:  # nothing survives the job, not even grandchildren
+            rp.signal_group(signal.SIGKILL)
+        for rp in self.ranks:
+            with contextlib.suppress(Exception):
+                rp.proc.wait(timeout=5)
+            rp.poll()
+            rp.close_pidfd()
+        self.output.close_all()
+        self.sel.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -1,0 +1,114 @@
+"""Forward each rank's stdout/stderr lines to the launcher's, prefixed ``[rank] ``.
+
+Lines are forwarded whole, so ranks never interleave mid-line; a partial last line
+is forwarded (with a newline added) when its pipe closes. The last non-empty stderr
+line of every rank is kept: it explains a failure when the rank recorded no reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+from typing import BinaryIO
+
+__all__ = ["OutputForwarder"]
+
+_CHUNK = 1 << 16
+_MAX_LINE = 1 << 20  # a "line" longer than this is forwarded in pieces
+
+
+class _Stream:
+    __slots__ = ("err", "fd", "pending", "rank")
+
+    def __init__(self, rank: int, fd: int, err: bool) -> None:
+        self.rank = rank
+        self.fd = fd
+        self.err = err
+        self.pending = bytearray()
+
+
+class OutputForwarder:
+    """Owns the read ends of the ranks' pipes; driven by the supervisor's selector."""
+
+    def __init__(
+        self, sel: selectors.BaseSelector, out: BinaryIO, err: BinaryIO, *, prefix: bool
+    ) -> None:
+        self._sel = sel
+        self._out = out
+        self._err = err
+        self._prefix = prefix
+        self._open: dict[int, _Stream] = {}
+        self._last_err: dict[int, str] = {}
+        self._broken: set[int] = set()
+
+    def add(self, rank: int, stdout_fd: int, stderr_fd: int) -> None:
+        for fd, is_err in ((stdout_fd, False), (stderr_fd, True)):
+            os.set_blocking(fd, False)
+            stream = _Stream(rank, fd, is_err)
+            self._open[fd] = stream
+            self._sel.register(fd, selectors.EVENT_READ, stream)
+
+    def owns(self, data: object) -> bool:
+        return isinstance(data, _Stream)
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._open)
+
+    def last_stderr_line(self, rank: int) -> str | None:
+        return self._last_err.get(rank)
+
+    def on_readable(self, data: object) -> None:
+        stream = data
+        assert isinstance(stream, _Stream)
+        try:
+            chunk = os.read(stream.fd, _CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._finish(stream)
+            return
+        stream.pending += chunk
+        cut = stream.pending.rfind(b"\n") + 1
+        if cut == 0 and len(stream.pending) >= _MAX_LINE:
+            cut = len(stream.pending)
+        if cut:
+            block = bytes(stream.pending[:cut])
+            del stream.pending[:cut]
+            self._emit(stream, block.splitlines(keepends=True))
+
+    def close_all(self) -> None:
+        """Forward what is left and close every pipe (called when the job is over)."""
+        for stream in list(self._open.values()):
+            self._finish(stream)
+
+    def _finish(self, stream: _Stream) -> None:
+        if stream.pending:
+            tail = bytes(stream.pending)
+            stream.pending.clear()
+            self._emit(stream, [tail if tail.endswith(b"\n") else tail + b"\n"])
+        self._open.pop(stream.fd, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(stream.fd)
+        with contextlib.suppress(OSError):
+            os.close(stream.fd)
+
+    def _emit(self, stream: _Stream, lines: list[bytes]) -> None:
+        if stream.err:
+            for line in reversed(lines):
+                text = line.decode("utf-8", "replace").strip()
+                if text:
+                    self._last_err[stream.rank] = text
+                    break
+        sink = self._err if stream.err else self._out
+        if id(sink) in self._broken:
+            return
+        tag = f"[{stream.rank}] ".encode() if self._prefix else b""
+        try:
+            sink.write(b"".join(tag + line for line in lines))
+            sink.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            self._broken.add(id(sink))

@@ -1,0 +1,138 @@
+"""Start rank processes so none can outlive the launcher, and end them.
+
+Each rank runs in its own session (so its whole process group can be signalled) and
+asks the kernel for ``SIGKILL`` when the launcher dies (``PR_SET_PDEATHSIG``), so
+no orphan survives even a ``kill -9`` of the launcher. Exits are observed through
+``pidfd`` descriptors in the launcher's selector: no polling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import cast
+
+__all__ = [
+    "RankProcess", "describe_exit", "exit_status", "signal_name", "start_rank", "take_pipes",
+]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _prctl() -> Callable[..., int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return cast("Callable[..., int]", fn)
+
+
+_PRCTL = _prctl()  # resolved before any fork: the child only calls it
+
+
+def _preexec(parent: int) -> Callable[[], None]:
+    def run_in_child() -> None:
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return run_in_child
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style exit status: the code itself, or 128 + signal number."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by {signal_name(-returncode)}"
+    return f"exit code {returncode}"
+
+
+class RankProcess:
+    """One rank: its process, its exit descriptor, and what happened to it."""
+
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        self.rank = rank
+        self.proc = proc
+        self.pid = proc.pid
+        self.returncode: int | None = None
+        self.exited_at: float | None = None  # wall clock, when the launcher saw it
+        self.signalled = False  # the launcher sent it SIGTERM/SIGKILL
+        self.pidfd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):
+            self.pidfd = os.pidfd_open(proc.pid)
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None
+
+    def poll(self) -> bool:
+        """Reap the process if it has exited; True when it exited just now."""
+        if self.returncode is not None:
+            return False
+        rc = self.proc.poll()
+        if rc is None:
+            return False
+        self.returncode = rc
+        self.exited_at = time.time()
+        self.close_pidfd()
+        return True
+
+    def close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the rank's whole process group (it is the group's leader)."""
+        if self.running:
+            self.signalled = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signum)
+
+
+def start_rank(
+    rank: int, command: Sequence[str], env: Mapping[str, str]
+) -> RankProcess:
+    """Start one rank with piped stdout/stderr; raises OSError if it cannot start."""
+    proc = subprocess.Popen(
+        list(command),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_preexec(os.getpid()),
+        close_fds=True,
+    )
+    return RankProcess(rank, proc)
+
+
+def take_pipes(rp: RankProcess) -> tuple[int, int]:
+    """Own the read ends of the rank's stdout/stderr as plain fds (the caller closes them)."""
+    fds = []
+    for stream in (rp.proc.stdout, rp.proc.stderr):
+        assert stream is not None
+        fds.append(os.dup(stream.fileno()))
+        stream.close()
+    return fds[0], fds[1]
