@@ -178,9 +178,18 @@ def test_replays_rejected(server: TCPStoreServer, baseline: int) -> None:
     assert_healthy(server, baseline)
 
 
-def test_one_byte_per_interval_client_dropped(server: TCPStoreServer, baseline: int) -> None:
+@pytest.mark.parametrize("authenticated", [False, True])
+def test_one_byte_per_interval_client_dropped(
+    server: TCPStoreServer, baseline: int, authenticated: bool
+) -> None:
     raw = Raw(server)
-    frame = raw.frame(p.encode_body(p.Op.SET, [b"slow", b"x" * 20]))
+    counter = 0
+    if authenticated:  # a valid ping first: the slow frame then comes from a known peer
+        raw.sock.sendall(raw.frame(p.encode_body(p.Op.PING, []), 0))
+        (length,) = p.HEADER.unpack(raw.recv_exact(p.HEADER.size))
+        raw.recv_exact(p.MAC_LEN + length)
+        counter = 1
+    frame = raw.frame(p.encode_body(p.Op.SET, [b"slow", b"x" * 20]), counter)
     t0 = time.monotonic()
     dropped = False
     for byte in frame:

@@ -35,6 +35,7 @@ __all__ = ["TCPStoreServer"]
 _log = get_logger("store")
 _RECV_CHUNK = 1 << 16
 _ACCEPT_BURST = 64
+_MIN_RATE = 1 << 20  # bytes/s an authenticated peer is granted for a large frame
 
 
 class _Conn:
@@ -174,26 +175,33 @@ class TCPStoreServer:
         now = time.monotonic()
         nxt = self._kv.next_deadline()
         for conn in self._conns.values():
-            if conn.frame_started is not None:
-                t = conn.frame_started + self._frame_timeout
+            t = self._frame_deadline(conn)
+            if t is not None:
                 nxt = t if nxt is None else min(nxt, t)
         if self._accept_paused_until:
             t = self._accept_paused_until
             nxt = t if nxt is None else min(nxt, t)
         return None if nxt is None else max(0.0, nxt - now) + 0.001
 
+    def _frame_deadline(self, conn: _Conn) -> float | None:
+        """When the frame in progress must be complete (None: between frames)."""
+        if conn.frame_started is None:
+            return None
+        allowed = self._frame_timeout
+        if conn.authed and len(conn.inbuf) >= p.HEADER.size:
+            # an authenticated peer gets time in proportion to what it announced
+            allowed += p.HEADER.unpack_from(conn.inbuf)[0] / _MIN_RATE
+        return conn.frame_started + allowed
+
     def _housekeeping(self) -> None:
         now = time.monotonic()
         self._kv.expire(now)
         self._answer_completed()
         for conn in list(self._conns.values()):
-            started = conn.frame_started
-            if started is not None and now - started > self._frame_timeout:
+            deadline = self._frame_deadline(conn)
+            if deadline is not None and now >= deadline:
                 what = "a frame" if conn.authed else "its first authenticated frame"
-                _log.warning(
-                    "store: dropping %s: did not complete %s within %g s",
-                    conn.peer, what, self._frame_timeout,
-                )
+                _log.warning("store: dropping %s: too slow to complete %s", conn.peer, what)
                 self._drop(conn)
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
