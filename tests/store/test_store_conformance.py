@@ -6,6 +6,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -218,3 +219,15 @@ def test_prefix_isolation(tmp_path: object) -> None:
         server.close()
     with pytest.raises(InvalidArgumentError):
         PrefixStore("", FileStore(str(tmp_path)))
+
+
+def test_file_store_refuses_a_directory_others_can_write(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(StoreError, match="refusing to trust"):
+        FileStore(str(shared))
+    shared.chmod(0o700)
+    with FileStore(str(shared), timeout=1) as store:
+        store.set("k", b"v")
+        assert store.get("k") == b"v"

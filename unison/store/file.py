@@ -39,6 +39,13 @@ class FileStore(Store):
             os.makedirs(self.path, mode=0o700, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create file store directory {self.path}: {exc}") from None
+        st = os.stat(self.path)
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            # someone else could plant or rewrite keys (a pre-created /tmp directory)
+            raise StoreError(
+                f"file store directory {self.path} is not owned by this user or is writable "
+                "by others; refusing to trust it"
+            )
         self._lock_path = os.path.join(self.path, ".lock")
         self._closed = False
 

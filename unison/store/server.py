@@ -5,8 +5,8 @@ Defences, in the order a hostile peer meets them:
 * connections beyond ``max_connections`` evict the oldest not-yet-authenticated one
   (or are closed at once), so idle strangers cannot lock ranks out;
 * a connection must complete its first authenticated frame within ``frame_timeout``
-  of accepting, and every later frame within ``frame_timeout`` of its first byte
-  (slowloris);
+  of accepting, and every later frame within ``frame_timeout`` (plus 1 s per MiB
+  announced) of its first byte (slowloris);
 * a header announcing more than :data:`~._proto.MAX_FRAME` bytes closes the
   connection before anything is allocated;
 * a frame whose MAC fails (wrong secret, replay, another connection's frame) closes
