@@ -69,8 +69,16 @@ def advertise_address(store_host: str | None, interface: str = "") -> str:
 
 
 def connect_mesh(
-    store: Store, rank: int, size: int, secret: bytes, job_id: str, *,
-    advertise: str, bind: str, timeout: float, epoch: int,
+    store: Store,
+    rank: int,
+    size: int,
+    secret: bytes,
+    job_id: str,
+    *,
+    advertise: str,
+    bind: str,
+    timeout: float,
+    epoch: int,
     adopt: Callable[[int, socket.socket], None],
 ) -> dict[int, PeerInfo]:
     """Connect to every peer; ``adopt(peer, sock)`` receives each authenticated socket."""
@@ -92,7 +100,9 @@ def connect_mesh(
 
     def handshake(sock: socket.socket) -> None:
         try:
-            peer = accept_handshake(sock, secret, job, rank, size, min(deadline, time.monotonic() + 10))
+            peer = accept_handshake(
+                sock, secret, job, rank, size, min(deadline, time.monotonic() + 10)
+            )
         except (OSError, AuthenticationError, struct.error) as exc:
             log.warning("rejected a connection to the peer port: %s", exc)
             sock.close()
@@ -130,7 +140,8 @@ def connect_mesh(
                 raw = store.get(f"{prefix}{peer}", timeout=max(left, 0.001))
             except TimeoutError:
                 raise CollectiveTimeoutError(
-                    f"init: rank {peer} did not join within {timeout:.0f}s", op="init",
+                    f"init: rank {peer} did not join within {timeout:.0f}s",
+                    op="init",
                     ranks=[peer],
                 ) from None
             infos[peer] = PeerInfo(**json.loads(raw))
@@ -147,7 +158,8 @@ def connect_mesh(
                     raise CollectiveTimeoutError(
                         f"init: ranks {missing} did not connect within {timeout:.0f}s"
                         + (f" ({'; '.join(errors)})" if errors else ""),
-                        op="init", ranks=missing,
+                        op="init",
+                        ranks=missing,
                     )
                 cond.wait(min(left, 0.5))
         for peer, sock in sorted(accepted.items()):

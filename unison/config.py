@@ -3,7 +3,7 @@
 Two kinds live here:
 
 * **Job identity**, written by ``unison run`` (or translated from torchrun, mpirun
-  and Slurm conventions by :mod:`unison.launch.env`): rank, size, store address,
+  and Slurm conventions by :mod:`unison.jobenv`): rank, size, store address,
   job secret. Their names are the ``ENV_*`` constants below.
 * **Tuning knobs**, read once into the frozen :class:`Config` by :func:`load_config`.
 
@@ -32,6 +32,7 @@ __all__ = [
     "ENV_SECRET",
     "ENV_SIZE",
     "ENV_STORE_ADDR",
+    "ENV_STORE_PATH",
     "KNOBS",
     "Config",
     "Knob",
@@ -50,6 +51,7 @@ ENV_STORE_ADDR = "UNISON_STORE_ADDR"  # host:port of the rendezvous store
 ENV_SECRET = "UNISON_SECRET"  # hex job secret; authenticates store and peers
 ENV_JOB_ID = "UNISON_JOB_ID"
 ENV_HOST_ID = "UNISON_HOST_ID"  # overrides the detected host identity
+ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob, read by job detection too
 
 _IDENTITY = {
     ENV_RANK: "global rank of this process",
@@ -117,30 +119,86 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("UNISON_TIMEOUT", "timeout", 300.0, _positive_float,
-         "default deadline in seconds of every blocking call"),
-    Knob("UNISON_ALGO", "algo", "", str,
-         "force algorithms, e.g. 'allreduce:ring,broadcast:binomial'"),
-    Knob("UNISON_TRANSPORT", "transport", "auto", _choice("auto", "tcp", "shm"),
-         "transport between ranks: auto (shm on one host, else tcp) or forced"),
-    Knob("UNISON_SEGMENT_BYTES", "segment_bytes", 1 << 20, _size,
-         "pipeline segment of large collectives (bytes, K/M/G suffixes)"),
-    Knob("UNISON_INLINE_SEND_BYTES", "inline_send_bytes", 1 << 16, _size,
-         "messages up to this size are sent from the caller's thread"),
-    Knob("UNISON_LOG_LEVEL", "log_level", "WARNING", lambda s: s.strip().upper(),
-         "logging level of the 'unison' loggers"),
-    Knob("UNISON_BIND_ADDR", "bind_addr", "", str,
-         "address the peer listener binds (default: all interfaces)"),
-    Knob("UNISON_NETWORK_INTERFACE", "network_interface", "", str,
-         "interface whose address peers are told to connect to"),
-    Knob("UNISON_BACKEND", "backend", "native", _choice("native", "mpi", "torch"),
-         "engine that moves the bytes"),
-    Knob("UNISON_CHECK_MISMATCH", "check_mismatch", True, _bool,
-         "compare each collective's signature across ranks (desync detection)"),
-    Knob("UNISON_PREFIX_OUTPUT", "prefix_output", True, _bool,
-         "unison run: prefix each output line with its rank"),
-    Knob("UNISON_STORE_PATH", "store_path", "", str,
-         "directory of a file store, for launchers that provide no store address"),
+    Knob(
+        "UNISON_TIMEOUT",
+        "timeout",
+        300.0,
+        _positive_float,
+        "default deadline in seconds of every blocking call",
+    ),
+    Knob(
+        "UNISON_ALGO", "algo", "", str, "force algorithms, e.g. 'allreduce:ring,broadcast:binomial'"
+    ),
+    Knob(
+        "UNISON_TRANSPORT",
+        "transport",
+        "auto",
+        _choice("auto", "tcp", "shm"),
+        "transport between ranks: auto (shm on one host, else tcp) or forced",
+    ),
+    Knob(
+        "UNISON_SEGMENT_BYTES",
+        "segment_bytes",
+        1 << 20,
+        _size,
+        "pipeline segment of large collectives (bytes, K/M/G suffixes)",
+    ),
+    Knob(
+        "UNISON_INLINE_SEND_BYTES",
+        "inline_send_bytes",
+        1 << 16,
+        _size,
+        "messages up to this size are sent from the caller's thread",
+    ),
+    Knob(
+        "UNISON_LOG_LEVEL",
+        "log_level",
+        "WARNING",
+        lambda s: s.strip().upper(),
+        "logging level of the 'unison' loggers",
+    ),
+    Knob(
+        "UNISON_BIND_ADDR",
+        "bind_addr",
+        "",
+        str,
+        "address the peer listener binds (default: all interfaces)",
+    ),
+    Knob(
+        "UNISON_NETWORK_INTERFACE",
+        "network_interface",
+        "",
+        str,
+        "interface whose address peers are told to connect to",
+    ),
+    Knob(
+        "UNISON_BACKEND",
+        "backend",
+        "native",
+        _choice("native", "mpi", "torch"),
+        "engine that moves the bytes",
+    ),
+    Knob(
+        "UNISON_CHECK_MISMATCH",
+        "check_mismatch",
+        True,
+        _bool,
+        "compare each collective's signature across ranks (desync detection)",
+    ),
+    Knob(
+        "UNISON_PREFIX_OUTPUT",
+        "prefix_output",
+        True,
+        _bool,
+        "unison run: prefix each output line with its rank",
+    ),
+    Knob(
+        "UNISON_STORE_PATH",
+        "store_path",
+        "",
+        str,
+        "directory of a file store, for launchers that provide no store address",
+    ),
 )
 
 

@@ -6,15 +6,15 @@ so ``except ValueError`` or ``except TimeoutError`` keep working::
     UnisonError(Exception)
     ├── InvalidArgumentError(ValueError)        bad input, raised before anything is sent
     ├── NotInitializedError(RuntimeError)       a call that needs init() before it
-    ├── UnsupportedError(NotImplementedError)   a backend/transport/algorithm cannot serve the call
+    ├── UnsupportedError(NotImplementedError)   a backend or algorithm cannot serve the call
     ├── AuthenticationError(PermissionError)    a peer or client failed the job-secret check
     ├── StoreError(RuntimeError)                the rendezvous store failed
     │   └── StoreTimeoutError(TimeoutError)     keys not set within the deadline
     ├── LaunchError(RuntimeError)               `unison run` could not start or supervise the job
-    └── CommunicationError(RuntimeError)        an operation failed; names op, sequence number, ranks
+    └── CommunicationError(RuntimeError)        an operation failed (op, sequence number, ranks)
         ├── CollectiveTimeoutError(TimeoutError)  deadline passed; names the ranks not heard from
         ├── PeerLostError(ConnectionError)        a peer's connection dropped (the rank died)
-        ├── MismatchError                         ranks called different ops / dtypes / counts / roots
+        ├── MismatchError                         ranks disagree: op, dtype, count or root
         └── AbortedError                          another rank failed this operation and told us
 
 A :class:`CommunicationError` carries ``op``, ``seq``, ``group`` and ``ranks`` (the
@@ -85,8 +85,11 @@ class CommunicationError(UnisonError, RuntimeError):
         seq: int | None = None,
         group: int | None = None,
         ranks: Iterable[int] = (),
+        remote: bool = False,
     ) -> None:
         super().__init__(message)
+        #: True when another rank detected the failure and told this one.
+        self.remote = remote
         self.op = op
         self.seq = seq
         self.group = group

@@ -29,19 +29,26 @@ def test_no_subcommand_prints_help() -> None:
 
 
 def test_info_and_config() -> None:
-    env = {**os.environ, "UNISON_TIMEOUT": "42", "UNISON_TYPO_KNOB": "1",
-           "UNISON_SECRET": "ab" * 32}
-    res = subprocess.run([*CLI, "info", "--config"], capture_output=True, text=True,
-                         timeout=50, env=env)
+    env = {
+        **os.environ,
+        "UNISON_TIMEOUT": "42",
+        "UNISON_TYPO_KNOB": "1",
+        "UNISON_SECRET": "ab" * 32,
+    }
+    res = subprocess.run(
+        [*CLI, "info", "--config"], capture_output=True, text=True, timeout=50, env=env
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert out.splitlines()[0] == f"unison {__version__}"
     import numpy
+
     assert f"numpy {numpy.__version__}" in out
     assert "python " in out and ("torch " in out or "torch: not installed" in out)
     assert "[X] tcp" in out and "[X] native" in out
     assert "shm" in out and "cma" in out and "mpi" in out
     from unison.config import KNOBS
+
     for knob in KNOBS:
         assert knob.env in out and knob.doc in out
     assert "UNISON_TIMEOUT" in out and "= 42.0" in out
@@ -58,8 +65,7 @@ def test_run_does_not_import_torch_or_info() -> None:
         "status = cli.main(['run', '-np', '1', sys.executable, '-c', 'pass'])\n"
         "print(status, 'torch' in sys.modules, 'unison.launch.info' in sys.modules)\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=30)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert res.stdout.split() == ["0", "False", "False"], res.stderr
 
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from unison.errors import InvalidArgumentError
-from unison.launch.env import (
+from unison.jobenv import (
     FAILURE_KEY,
     JobInfo,
     detect_job,
@@ -30,12 +30,19 @@ def test_nothing_set_is_single_process() -> None:
 
 def test_unison_variables() -> None:
     env = {
-        "UNISON_RANK": "2", "UNISON_SIZE": "4", "UNISON_LOCAL_RANK": "0",
-        "UNISON_LOCAL_SIZE": "2", "UNISON_CROSS_RANK": "1", "UNISON_CROSS_SIZE": "2",
-        "UNISON_STORE_ADDR": "10.0.0.5:4242", "UNISON_SECRET": SECRET_HEX,
+        "UNISON_RANK": "2",
+        "UNISON_SIZE": "4",
+        "UNISON_LOCAL_RANK": "0",
+        "UNISON_LOCAL_SIZE": "2",
+        "UNISON_CROSS_RANK": "1",
+        "UNISON_CROSS_SIZE": "2",
+        "UNISON_STORE_ADDR": "10.0.0.5:4242",
+        "UNISON_SECRET": SECRET_HEX,
         "UNISON_JOB_ID": "job-9",
         # lower-precedence conventions present too: ignored
-        "RANK": "0", "WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "3",
+        "RANK": "0",
+        "WORLD_SIZE": "8",
+        "OMPI_COMM_WORLD_RANK": "3",
     }
     info = detect_job(env)
     assert (info.rank, info.size, info.local_rank, info.local_size) == (2, 4, 0, 2)
@@ -47,8 +54,12 @@ def test_unison_variables() -> None:
 
 
 def test_explicit_arguments_win() -> None:
-    env = {"UNISON_RANK": "1", "UNISON_SIZE": "2", "UNISON_STORE_ADDR": "h:1",
-           "UNISON_SECRET": SECRET_HEX}
+    env = {
+        "UNISON_RANK": "1",
+        "UNISON_SIZE": "2",
+        "UNISON_STORE_ADDR": "h:1",
+        "UNISON_SECRET": SECRET_HEX,
+    }
     info = detect_job(env, rank=0, size=3, store_addr="[::1]:7000", secret=b"k")
     assert (info.rank, info.size, info.source) == (0, 3, "explicit")
     assert info.store_addr == ("::1", 7000) and info.secret == b"k"
@@ -66,8 +77,13 @@ def test_explicit_arguments_win() -> None:
 
 def test_torchrun(caplog: pytest.LogCaptureFixture) -> None:
     env = {
-        "RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-        "GROUP_RANK": "0", "MASTER_ADDR": "node1", "MASTER_PORT": "29500",
+        "RANK": "0",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "node1",
+        "MASTER_PORT": "29500",
         "TORCHELASTIC_RUN_ID": "abc",
     }
     with caplog.at_level(logging.WARNING, logger="unison.launch"):
@@ -86,8 +102,14 @@ def test_torchrun(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_torchrun_agent_store_uses_next_port() -> None:
-    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "m", "MASTER_PORT": "29500",
-           "TORCHELASTIC_USE_AGENT_STORE": "True", "UNISON_SECRET": SECRET_HEX}
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "m",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "UNISON_SECRET": SECRET_HEX,
+    }
     info = detect_job(env)
     assert info.store_addr == ("m", 29501)
     assert info.secret == bytes.fromhex(SECRET_HEX)
@@ -96,8 +118,10 @@ def test_torchrun_agent_store_uses_next_port() -> None:
 
 def test_openmpi_uses_file_store() -> None:
     env = {
-        "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
-        "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
         "OMPI_MCA_ess_base_jobid": "12345",
     }
     info = detect_job(env)
@@ -109,24 +133,37 @@ def test_openmpi_uses_file_store() -> None:
     assert shared.store_path == "/shared/x"
     tcp = detect_job({**env, "UNISON_STORE_ADDR": "head:9999"})
     assert tcp.store_addr == ("head", 9999) and tcp.store_path is None
-    pmix = detect_job({k: v for k, v in env.items() if "ess" not in k} | {
-        "PMIX_NAMESPACE": "prterun-host-1@1"})
+    pmix = detect_job(
+        {k: v for k, v in env.items() if "ess" not in k} | {"PMIX_NAMESPACE": "prterun-host-1@1"}
+    )
     assert pmix.store_path == "/tmp/unison-ompi-prterun-host-1_1"
     with pytest.raises(InvalidArgumentError, match="UNISON_STORE_PATH"):
         detect_job({k: v for k, v in env.items() if "ess" not in k})
 
 
 def test_pmi_hydra() -> None:
-    env = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1",
-           "MPI_LOCALNRANKS": "2", "PMI_JOBID": "77"}
+    env = {
+        "PMI_RANK": "3",
+        "PMI_SIZE": "4",
+        "MPI_LOCALRANKID": "1",
+        "MPI_LOCALNRANKS": "2",
+        "PMI_JOBID": "77",
+    }
     info = detect_job(env)
     assert (info.rank, info.size, info.local_rank, info.local_size) == (3, 4, 1, 2)
     assert info.source == "pmi" and info.store_path == "/tmp/unison-pmi-77"
 
 
 def test_pmi_under_srun_uses_slurm_tcp_store() -> None:
-    env = {"PMI_RANK": "0", "PMI_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
-           "SLURM_JOB_ID": "100", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "n[3-4]"}
+    env = {
+        "PMI_RANK": "0",
+        "PMI_SIZE": "2",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_ID": "100",
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NODELIST": "n[3-4]",
+    }
     info = detect_job(env)
     assert info.source == "pmi" and info.store_addr == ("n3", slurm_store_port(100, 0))
     assert info.host_store and info.store_path is None
@@ -134,10 +171,16 @@ def test_pmi_under_srun_uses_slurm_tcp_store() -> None:
 
 def test_slurm() -> None:
     env = {
-        "SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
-        "SLURM_TASKS_PER_NODE": "2(x3)", "SLURM_STEP_NUM_NODES": "3",
-        "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "1",
-        "SLURM_STEP_NODELIST": "gpu[07-09]", "SLURM_NODELIST": "other1",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "6",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "2",
+        "SLURM_TASKS_PER_NODE": "2(x3)",
+        "SLURM_STEP_NUM_NODES": "3",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_ID": "1",
+        "SLURM_STEP_NODELIST": "gpu[07-09]",
+        "SLURM_NODELIST": "other1",
     }
     info = detect_job(env)
     assert info.source == "slurm"
@@ -183,11 +226,12 @@ def test_expand_nodelist_rejects_garbage(bad: str) -> None:
         ({"UNISON_RANK": "-1", "UNISON_SIZE": "2"}, "UNISON_RANK"),
         ({"UNISON_RANK": "0", "UNISON_SIZE": "0"}, "UNISON_SIZE"),
         ({"UNISON_RANK": "0"}, "UNISON_SIZE"),
-        ({"UNISON_RANK": "0", "UNISON_SIZE": "2", "UNISON_LOCAL_RANK": "1.5"},
-         "UNISON_LOCAL_RANK"),
+        ({"UNISON_RANK": "0", "UNISON_SIZE": "2", "UNISON_LOCAL_RANK": "1.5"}, "UNISON_LOCAL_RANK"),
         ({"UNISON_RANK": "0", "UNISON_SIZE": "2", "UNISON_SECRET": "zz"}, "UNISON_SECRET"),
-        ({"UNISON_RANK": "0", "UNISON_SIZE": "2", "UNISON_STORE_ADDR": "nohost"},
-         "UNISON_STORE_ADDR"),
+        (
+            {"UNISON_RANK": "0", "UNISON_SIZE": "2", "UNISON_STORE_ADDR": "nohost"},
+            "UNISON_STORE_ADDR",
+        ),
         ({"RANK": "4", "WORLD_SIZE": "4", "MASTER_PORT": "1"}, "RANK"),
         ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"}, "MASTER_PORT"),
         ({"OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_SIZE"),

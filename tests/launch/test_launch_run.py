@@ -19,10 +19,12 @@ pytestmark = pytest.mark.timeout(30)
 CLI = [sys.executable, "-m", "unison.launch.cli"]
 
 
-def unison(*args: str, timeout: float = 25, env: dict[str, str] | None = None,
-           ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+def unison(
+    *args: str,
+    timeout: float = 25,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def script(tmp_path: Path, body: str) -> str:
@@ -39,15 +41,13 @@ def script(tmp_path: Path, body: str) -> str:
         "def all_started():\n"
         "    end = time.monotonic() + 20\n"
         "    while len(os.listdir(PIDS)) < SIZE and time.monotonic() < end:\n"
-        "        time.sleep(0.01)\n"
-        + textwrap.dedent(body)
+        "        time.sleep(0.01)\n" + textwrap.dedent(body)
     )
     return str(path)
 
 
 def recorded_pids(tmp_path: Path) -> list[int]:
-    return [int((tmp_path / "pids" / name).read_text())
-            for name in os.listdir(tmp_path / "pids")]
+    return [int((tmp_path / "pids" / name).read_text()) for name in os.listdir(tmp_path / "pids")]
 
 
 def alive(pid: int) -> bool:
@@ -74,11 +74,14 @@ def assert_all_gone(pids: list[int]) -> None:
 
 
 def test_prefixed_output_from_every_rank(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         print(f"hello from {RANK} of {SIZE}")
         print(f"warning {RANK}", file=sys.stderr)
         sys.stdout.write(f"partial {RANK}")
-    """)
+    """,
+    )
     res = unison("run", "-np", "3", sys.executable, prog)
     assert res.returncode == 0, res.stderr
     out = res.stdout.splitlines()
@@ -90,7 +93,9 @@ def test_prefixed_output_from_every_rank(tmp_path: Path) -> None:
 
 
 def test_environment_reaches_ranks_and_store_works(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         from unison.store import TCPStore
         host, port = os.environ["UNISON_STORE_ADDR"].rsplit(":", 1)
         store = TCPStore(host, int(port), bytes.fromhex(os.environ["UNISON_SECRET"]), timeout=10)
@@ -101,7 +106,8 @@ def test_environment_reaches_ranks_and_store_works(tmp_path: Path) -> None:
         env = {k: os.environ[k] for k in keys + ["PYTHONUNBUFFERED"]}
         env["arrived"] = store.get("arrived").decode()
         print("ENV " + json.dumps(env))
-    """)
+    """,
+    )
     res = unison("run", "-np", "3", "--timeout", "7", "--", sys.executable, prog)
     assert res.returncode == 0, res.stderr
     envs = {}
@@ -128,13 +134,16 @@ def test_environment_reaches_ranks_and_store_works(tmp_path: Path) -> None:
 
 
 def test_rank_exit_code_fails_job_fast(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         all_started()
         if RANK == 1:
             print("rank one giving up", file=sys.stderr)
             sys.exit(3)
         time.sleep(60)
-    """)
+    """,
+    )
     t0 = time.monotonic()
     res = unison("run", "-np", "3", sys.executable, prog)
     assert time.monotonic() - t0 < 10
@@ -147,18 +156,23 @@ def test_rank_exit_code_fails_job_fast(tmp_path: Path) -> None:
 
 
 def test_reason_from_traceback_and_from_store(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         all_started()
         if RANK == 2:
             raise ValueError("boom")
         time.sleep(60)
-    """)
+    """,
+    )
     res = unison("run", "-np", "3", sys.executable, prog)
     assert res.returncode == 1
     assert "unison run: rank 2 failed first (exit code 1): ValueError: boom" in res.stderr
 
-    prog = script(tmp_path, """
-        from unison.launch.env import FAILURE_KEY, failure_record
+    prog = script(
+        tmp_path,
+        """
+        from unison.jobenv import FAILURE_KEY, failure_record
         from unison.store import TCPStore
         all_started()
         if RANK == 0:
@@ -168,19 +182,23 @@ def test_reason_from_traceback_and_from_store(tmp_path: Path) -> None:
             print("some unrelated last line", file=sys.stderr)
             sys.exit(4)
         time.sleep(60)
-    """)
+    """,
+    )
     res = unison("run", "-np", "2", sys.executable, prog)
     assert res.returncode == 4
     assert "rank 0 failed first (exit code 4): KeyError: 'weights'" in res.stderr
 
 
 def test_killed_by_signal_is_reported(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         all_started()
         if RANK == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
-    """)
+    """,
+    )
     res = unison("run", "-np", "2", sys.executable, prog)
     assert res.returncode == 128 + signal.SIGKILL
     assert "rank 1 failed first (killed by SIGKILL)" in res.stderr
@@ -189,13 +207,16 @@ def test_killed_by_signal_is_reported(tmp_path: Path) -> None:
 
 def test_later_failures_are_not_blamed(tmp_path: Path) -> None:
     # rank 1 fails first; rank 0 turns our SIGTERM into exit 5 (a consequence, not a cause)
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(5))
         all_started()
         if RANK == 1:
             sys.exit(2)
         time.sleep(60)
-    """)
+    """,
+    )
     res = unison("run", "-np", "2", sys.executable, prog)
     assert res.returncode == 2, res.stderr
     assert "rank 1 failed first (exit code 2)" in res.stderr
@@ -203,8 +224,10 @@ def test_later_failures_are_not_blamed(tmp_path: Path) -> None:
 
 def test_earlier_failure_record_wins(tmp_path: Path) -> None:
     # rank 1's exit is seen first, but rank 0 recorded an earlier failure time
-    prog = script(tmp_path, """
-        from unison.launch.env import FAILURE_KEY, failure_record
+    prog = script(
+        tmp_path,
+        """
+        from unison.jobenv import FAILURE_KEY, failure_record
         from unison.store import TCPStore
         host, port = os.environ["UNISON_STORE_ADDR"].rsplit(":", 1)
         s = TCPStore(host, int(port), bytes.fromhex(os.environ["UNISON_SECRET"]))
@@ -216,7 +239,8 @@ def test_earlier_failure_record_wins(tmp_path: Path) -> None:
             s.set(FAILURE_KEY.format(rank=1), failure_record("PeerLostError: rank 0"))
             sys.exit(1)
         time.sleep(60)
-    """)
+    """,
+    )
     res = unison("run", "-np", "2", sys.executable, prog)
     assert res.returncode == 6, res.stderr
     assert "rank 0 failed first (exit code 6): OSError: disk" in res.stderr
@@ -225,8 +249,12 @@ def test_earlier_failure_record_wins(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_launcher_ends_all(tmp_path: Path, signum: int, status: int) -> None:
     prog = script(tmp_path, "time.sleep(60)\n")
-    proc = subprocess.Popen([*CLI, "run", "-np", "3", sys.executable, prog],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*CLI, "run", "-np", "3", sys.executable, prog],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert wait_until(lambda: len(os.listdir(tmp_path / "pids")) == 3)
     pids = recorded_pids(tmp_path)
     assert all(alive(p) for p in pids)
@@ -239,8 +267,11 @@ def test_signal_to_launcher_ends_all(tmp_path: Path, signum: int, status: int) -
 
 def test_launcher_killed_leaves_no_orphans(tmp_path: Path) -> None:
     prog = script(tmp_path, "time.sleep(60)\n")
-    proc = subprocess.Popen([*CLI, "run", "-np", "2", sys.executable, prog],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*CLI, "run", "-np", "2", sys.executable, prog],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     assert wait_until(lambda: len(os.listdir(tmp_path / "pids")) == 2)
     pids = recorded_pids(tmp_path)
     proc.kill()
@@ -249,11 +280,14 @@ def test_launcher_killed_leaves_no_orphans(tmp_path: Path) -> None:
 
 
 def test_grandchildren_do_not_survive(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         import subprocess
         child = subprocess.Popen(["sleep", "60"])
         open(os.path.join(PIDS, f"g{RANK}"), "w").write(str(child.pid))
-    """)
+    """,
+    )
     res = unison("run", "-np", "2", sys.executable, prog)
     assert res.returncode == 0
     pids = recorded_pids(tmp_path)

@@ -33,8 +33,12 @@ def test_decode_random_bytes_only_raises_protocol_error(data: bytes) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(code=st.integers(0, 255), fields=fields_st, cut=st.integers(1, 40), junk=st.binary(
-    min_size=1, max_size=8))
+@given(
+    code=st.integers(0, 255),
+    fields=fields_st,
+    cut=st.integers(1, 40),
+    junk=st.binary(min_size=1, max_size=8),
+)
 def test_truncated_or_extended_bodies_rejected(
     code: int, fields: list[bytes], cut: int, junk: bytes
 ) -> None:

@@ -79,9 +79,7 @@ class Raw:
 
 @pytest.fixture
 def server() -> Iterator[TCPStoreServer]:
-    srv = TCPStoreServer(
-        secret=SECRET, frame_timeout=FRAME_TIMEOUT, max_connections=50
-    ).start()
+    srv = TCPStoreServer(secret=SECRET, frame_timeout=FRAME_TIMEOUT, max_connections=50).start()
     yield srv
     srv.close()
 
@@ -112,8 +110,9 @@ def test_wrong_secret_raises_authentication_error(
     with caplog.at_level(logging.WARNING, logger="unison.store"):
         with pytest.raises(AuthenticationError, match=f"{host}:{port} rejected our job secret"):
             TCPStore(host, port, b"another job's secret", timeout=5)
-    assert any("failed authentication" in r.getMessage() and host in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "failed authentication" in r.getMessage() and host in r.getMessage() for r in caplog.records
+    )
     assert_healthy(server, baseline)
 
 

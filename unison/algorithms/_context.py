@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -42,6 +42,7 @@ class OpCode(enum.IntEnum):
     ALL_TO_ALL = 9
     BARRIER = 10
     OBJECT = 11
+    CHECK = 12  # the signature confirmation that follows rooted collectives
 
     @property
     def label(self) -> str:
@@ -73,11 +74,18 @@ def describe(sig: OpSig) -> str:
 class Router(Protocol):
     """The communicator's view of the transports (peer → transport)."""
 
-    def isend(self, peer: int, key: tuple[int, int, int, int], view: np.ndarray,
-              sig: OpSig, deadline: float) -> Request: ...
+    def isend(
+        self,
+        peer: int,
+        key: tuple[int, int, int, int],
+        view: np.ndarray,
+        sig: OpSig,
+        deadline: float,
+    ) -> Request: ...
 
-    def irecv(self, peer: int, key: tuple[int, int, int, int], view: np.ndarray,
-              sig: OpSig) -> Request: ...
+    def irecv(
+        self, peer: int, key: tuple[int, int, int, int], view: np.ndarray, sig: OpSig
+    ) -> Request: ...
 
     def cancel(self, peer: int, req: Request) -> None: ...
 
@@ -90,8 +98,19 @@ class OpContext:
     """One collective in flight on one rank."""
 
     def __init__(
-        self, router: Router, *, op: OpCode, group_id: int, seq: int, ranks: Sequence[int],
-        rank: int, sig: OpSig, deadline: float, timeout: float, segment_bytes: int,
+        self,
+        router: Router,
+        *,
+        op: OpCode,
+        group_id: int,
+        seq: int,
+        ranks: Sequence[int],
+        rank: int,
+        sig: OpSig,
+        deadline: float,
+        timeout: float,
+        segment_bytes: int,
+        tag_base: int = 0,
     ) -> None:
         self.router = router
         self.op = op
@@ -104,6 +123,9 @@ class OpContext:
         self.deadline = deadline
         self.timeout = timeout
         self.segment_bytes = segment_bytes
+        self.tag_base = tag_base
+        #: called on a timeout with the peers this rank waits for; returns the silent ones
+        self.diagnose: Callable[[OpContext, list[int]], list[int]] | None = None
         self._lock = threading.Lock()
         self._pending: list[Request] = []
         self._aborted: BaseException | None = None
@@ -118,7 +140,7 @@ class OpContext:
 
     # --- messaging by group rank -----------------------------------------------------
     def _key(self, step: int) -> tuple[int, int, int, int]:
-        return (int(Kind.COLL), self.group_id, self.seq, step)
+        return (int(Kind.COLL), self.group_id, self.seq, self.tag_base + step)
 
     def _track(self, req: Request) -> Request:
         with self._lock:
@@ -129,13 +151,15 @@ class OpContext:
 
     def isend(self, peer: int, step: int, arr: np.ndarray) -> Request:
         return self._track(
-            self.router.isend(self.ranks[peer], self._key(step), _bytes(arr), self.sig,
-                              self.deadline)
+            self.router.isend(
+                self.ranks[peer], self._key(step), _bytes(arr), self.sig, self.deadline
+            )
         )
 
     def irecv(self, peer: int, step: int, arr: np.ndarray) -> Request:
-        return self._track(self.router.irecv(self.ranks[peer], self._key(step), _bytes(arr),
-                                             self.sig))
+        return self._track(
+            self.router.irecv(self.ranks[peer], self._key(step), _bytes(arr), self.sig)
+        )
 
     def send(self, peer: int, step: int, arr: np.ndarray) -> None:
         self.wait(self.isend(peer, step, arr))
@@ -160,31 +184,51 @@ class OpContext:
             except CommunicationError as exc:
                 raise self._tag(exc) from None
             if not done:
-                silent = sorted({r.peer for r in self._pending if not r.done()})
-                raise CollectiveTimeoutError(
-                    f"{self.name} timed out after {self.timeout:g}s; "
-                    f"not heard from rank{'s' if len(silent) > 1 else ''} "
-                    f"{', '.join(map(str, silent))}",
-                    op=self.op.label, seq=self.seq, group=self.group_id, ranks=silent,
-                )
+                raise self._timeout_error(req)
+
+    def _timeout_error(self, req: Request) -> CollectiveTimeoutError:
+        waiting = sorted({r.peer for r in self._pending if not r.done()} | {req.peer})
+        silent = self.diagnose(self, waiting) if self.diagnose is not None else waiting
+        me = self.ranks[self.rank]
+        text = (
+            f"{self.name} timed out after {self.timeout:g}s: "
+            f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))} did not answer"
+        )
+        if silent != waiting:
+            text += f" (rank {me} was waiting for {', '.join(map(str, waiting))})"
+        return CollectiveTimeoutError(
+            text, op=self.op.label, seq=self.seq, group=self.group_id, ranks=silent
+        )
 
     def _tag(self, exc: CommunicationError) -> CommunicationError:
         if exc.op is not None:
             return exc
-        err = type(exc)(f"{self.name}: {exc}", op=self.op.label, seq=self.seq,
-                        group=self.group_id, ranks=exc.ranks)
+        err = type(exc)(
+            f"{self.name}: {exc}",
+            op=self.op.label,
+            seq=self.seq,
+            group=self.group_id,
+            ranks=exc.ranks,
+        )
         return err
 
     def _mismatch(self, req: Request, exc: MismatchError) -> MismatchError:
         mine = describe(self.sig)
         if req.sender_sig is not None and req.sender_sig != self.sig:
             theirs = describe(req.sender_sig)
-            text = (f"mismatched collective at {self.name}: rank {req.peer} called {theirs} "
-                    f"but rank {self.ranks[self.rank]} called {mine}")
+            text = (
+                f"mismatched collective at {self.name}: rank {req.peer} called {theirs} "
+                f"but rank {self.ranks[self.rank]} called {mine}"
+            )
         else:
             text = f"mismatched message sizes at {self.name} ({mine}): {exc}"
-        return MismatchError(text, op=self.op.label, seq=self.seq, group=self.group_id,
-                             ranks=(req.peer, self.ranks[self.rank]))
+        return MismatchError(
+            text,
+            op=self.op.label,
+            seq=self.seq,
+            group=self.group_id,
+            ranks=(req.peer, self.ranks[self.rank]),
+        )
 
     def abort(self, exc: BaseException) -> None:
         """Fail this operation from another thread (peer lost, remote abort)."""

@@ -37,8 +37,9 @@ def supports(p: int, n: int) -> bool:
     return True
 
 
-def run(ctx: OpContext, arr: np.ndarray, kern: Kernel, op: ReduceOp, dtype: DType,
-        seg: int = 0) -> None:
+def run(
+    ctx: OpContext, arr: np.ndarray, kern: Kernel, op: ReduceOp, dtype: DType, seg: int = 0
+) -> None:
     """Whole-buffer exchanges; ``seg`` is accepted for a uniform signature and unused."""
     p, r = ctx.size, ctx.rank
     if p > 1:

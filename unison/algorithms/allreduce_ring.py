@@ -38,8 +38,9 @@ def supports(p: int, n: int) -> bool:
     return True
 
 
-def run(ctx: OpContext, arr: np.ndarray, kern: Kernel, op: ReduceOp, dtype: DType,
-        seg: int) -> None:
+def run(
+    ctx: OpContext, arr: np.ndarray, kern: Kernel, op: ReduceOp, dtype: DType, seg: int
+) -> None:
     p = ctx.size
     blocks = [arr[o : o + n] for o, n in chunks(len(arr), p)]
     tag = reduce_scatter_blocks(ctx, blocks, None, kern, seg, inplace=True)

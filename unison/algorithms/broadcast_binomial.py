@@ -39,8 +39,11 @@ def run(ctx: OpContext, arr: np.ndarray, root: int, seg: int) -> None:
     parent = binomial_parent(r, p, root)
     children = binomial_children(r, p, root)
     segs = segments(len(arr), seg)
-    recvs = [ctx.irecv(parent, j, arr[o : o + n]) for j, (o, n) in enumerate(segs)] \
-        if parent >= 0 else []
+    recvs = (
+        [ctx.irecv(parent, j, arr[o : o + n]) for j, (o, n) in enumerate(segs)]
+        if parent >= 0
+        else []
+    )
     sends = []
     for j, (o, n) in enumerate(segs):
         if recvs:

@@ -30,8 +30,9 @@ def supports(p: int, n: int) -> bool:
     return True
 
 
-def gather(ctx: OpContext, mine: np.ndarray, blocks: Sequence[np.ndarray] | None,
-           root: int) -> None:
+def gather(
+    ctx: OpContext, mine: np.ndarray, blocks: Sequence[np.ndarray] | None, root: int
+) -> None:
     if ctx.rank != root:
         ctx.send(root, 0, mine)
         return
@@ -41,8 +42,9 @@ def gather(ctx: OpContext, mine: np.ndarray, blocks: Sequence[np.ndarray] | None
     ctx.wait(*reqs)
 
 
-def scatter(ctx: OpContext, mine: np.ndarray, blocks: Sequence[np.ndarray] | None,
-            root: int) -> None:
+def scatter(
+    ctx: OpContext, mine: np.ndarray, blocks: Sequence[np.ndarray] | None, root: int
+) -> None:
     if ctx.rank != root:
         ctx.recv(root, 0, mine)
         return

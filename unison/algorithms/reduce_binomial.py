@@ -34,8 +34,9 @@ def supports(p: int, n: int) -> bool:
     return True
 
 
-def run(ctx: OpContext, arr: np.ndarray, root: int, kern: Kernel, op: ReduceOp, dtype: DType,
-        seg: int) -> None:
+def run(
+    ctx: OpContext, arr: np.ndarray, root: int, kern: Kernel, op: ReduceOp, dtype: DType, seg: int
+) -> None:
     p, r = ctx.size, ctx.rank
     if p > 1:
         parent = binomial_parent(r, p, root)

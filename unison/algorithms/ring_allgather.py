@@ -42,10 +42,14 @@ def allgather_blocks(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int, tag
     for s in range(p - 1):
         sc, rc = (r - s) % p, (r - s - 1) % p
         base = tag0 + s * nseg
-        reqs = [ctx.irecv(left, base + j, blocks[rc][o : o + n])
-                for j, (o, n) in enumerate(segments(len(blocks[rc]), seg))]
-        reqs += [ctx.isend(right, base + j, blocks[sc][o : o + n])
-                 for j, (o, n) in enumerate(segments(len(blocks[sc]), seg))]
+        reqs = [
+            ctx.irecv(left, base + j, blocks[rc][o : o + n])
+            for j, (o, n) in enumerate(segments(len(blocks[rc]), seg))
+        ]
+        reqs += [
+            ctx.isend(right, base + j, blocks[sc][o : o + n])
+            for j, (o, n) in enumerate(segments(len(blocks[sc]), seg))
+        ]
         ctx.wait(*reqs)
         ctx.reset_pending()
     return tag0 + (p - 1) * nseg

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..buffers import Kernel
+from ..transport.request import Request
 from ._context import OpContext
 from ._schedule import ring_neighbors, segments
 from .cost import Link
@@ -38,9 +39,72 @@ def supports(p: int, n: int) -> bool:
     return True
 
 
+def _step(
+    ctx: OpContext,
+    src_blk: np.ndarray,
+    own: np.ndarray,
+    dst_blk: np.ndarray,
+    tmp: np.ndarray,
+    base: int,
+    seg: int,
+    kern: Kernel,
+    *,
+    wait_before_write: bool,
+) -> None:
+    """One ring step: send ``src_blk`` right; ``dst_blk = received (op) own``, by segments.
+
+    A window of receives (``tmp`` slots) and sends is kept in flight. With
+    ``wait_before_write`` the segment being overwritten is first confirmed sent
+    (``src_blk`` and ``dst_blk`` share the scratch buffer then).
+    """
+    p, r = ctx.size, ctx.rank
+    left, right = ring_neighbors(r, p)
+    ssegs = segments(len(src_blk), seg)
+    rsegs = segments(len(own), seg)
+    sends: list[Request | None] = [None] * len(ssegs)
+    recvs: list[Request | None] = [None] * len(rsegs)
+
+    def post_send(j: int) -> None:
+        o, n = ssegs[j]
+        sends[j] = ctx.isend(right, base + j, src_blk[o : o + n])
+
+    def post_recv(j: int) -> None:
+        _, n = rsegs[j]
+        recvs[j] = ctx.irecv(left, base + j, tmp[j % WINDOW, :n])
+
+    for j in range(min(WINDOW, len(rsegs))):
+        post_recv(j)
+    for j in range(min(WINDOW, len(ssegs))):
+        post_send(j)
+    for j, (o, n) in enumerate(rsegs):
+        ctx.wait(_req(recvs[j]))
+        if wait_before_write and j < len(sends):
+            ctx.wait(_req(sends[j]))
+        kern(tmp[j % WINDOW, :n], own[o : o + n], dst_blk[o : o + n])
+        if j + WINDOW < len(rsegs):
+            post_recv(j + WINDOW)
+        if j + WINDOW < len(ssegs):
+            ctx.wait(_req(sends[j]))
+            post_send(j + WINDOW)
+    for j in range(len(rsegs), len(ssegs)):
+        if sends[j] is None:
+            post_send(j)
+    ctx.wait(*[q for q in sends if q is not None])
+
+
+def _req(req: Request | None) -> Request:
+    assert req is not None  # posted before it is waited for, by construction
+    return req
+
+
 def reduce_scatter_blocks(
-    ctx: OpContext, inputs: Sequence[np.ndarray], out: np.ndarray | None, kern: Kernel,
-    seg: int, tag0: int = 0, inplace: bool = False,
+    ctx: OpContext,
+    inputs: Sequence[np.ndarray],
+    out: np.ndarray | None,
+    kern: Kernel,
+    seg: int,
+    tag0: int = 0,
+    inplace: bool = False,
 ) -> int:
     """Reduce block i of every rank into rank i. Returns the next free tag.
 
@@ -53,7 +117,6 @@ def reduce_scatter_blocks(
         if not inplace and out is not None:
             out[:] = inputs[0]
         return tag0
-    left, right = ring_neighbors(r, p)
     longest = max(len(b) for b in inputs)
     nseg = len(segments(longest, seg))
     slot_len = min(seg, longest)
@@ -75,42 +138,22 @@ def reduce_scatter_blocks(
         else:
             assert work is not None
             dst_blk = work[: len(inputs[rc])]
-        ssegs = segments(len(src_blk), seg)
-        rsegs = segments(len(inputs[rc]), seg)
-        base = tag0 + s * nseg
-        sends = [None] * len(ssegs)
-        recvs = [None] * len(rsegs)
-
-        def post_send(j: int) -> None:
-            o, n = ssegs[j]
-            sends[j] = ctx.isend(right, base + j, src_blk[o : o + n])  # type: ignore[call-overload]
-
-        def post_recv(j: int) -> None:
-            _, n = rsegs[j]
-            recvs[j] = ctx.irecv(left, base + j, tmp[j % WINDOW, :n])  # type: ignore[call-overload]
-
-        for j in range(min(WINDOW, len(rsegs))):
-            post_recv(j)
-        for j in range(min(WINDOW, len(ssegs))):
-            post_send(j)
-        for j, (o, n) in enumerate(rsegs):
-            ctx.wait(recvs[j])  # type: ignore[arg-type]
-            if not inplace and s > 0 and j < len(sends):
-                ctx.wait(sends[j])  # type: ignore[arg-type]  # work seg j is about to change
-            kern(tmp[j % WINDOW, :n], inputs[rc][o : o + n], dst_blk[o : o + n])
-            if j + WINDOW < len(rsegs):
-                post_recv(j + WINDOW)
-            if j + WINDOW < len(ssegs):
-                ctx.wait(sends[j])  # type: ignore[arg-type]
-                post_send(j + WINDOW)
-        for j in range(len(rsegs), len(ssegs)):
-            if sends[j] is None:
-                post_send(j)
-        ctx.wait(*[q for q in sends if q is not None])
+        _step(
+            ctx,
+            src_blk,
+            inputs[rc],
+            dst_blk,
+            tmp,
+            tag0 + s * nseg,
+            seg,
+            kern,
+            wait_before_write=not inplace and s > 0,
+        )
         ctx.reset_pending()
     return tag0 + (p - 1) * nseg
 
 
-def run(ctx: OpContext, inputs: Sequence[np.ndarray], out: np.ndarray, kern: Kernel,
-        seg: int) -> None:
+def run(
+    ctx: OpContext, inputs: Sequence[np.ndarray], out: np.ndarray, kern: Kernel, seg: int
+) -> None:
     reduce_scatter_blocks(ctx, inputs, out, kern, seg)

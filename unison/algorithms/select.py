@@ -59,8 +59,9 @@ def _names(collective: str) -> list[str]:
     return [m.NAME for m in REGISTRY[collective]]
 
 
-def choose(collective: str, p: int, nbytes: int, link: Link,
-           overrides: Mapping[str, str]) -> Choice:
+def choose(
+    collective: str, p: int, nbytes: int, link: Link, overrides: Mapping[str, str]
+) -> Choice:
     forced = overrides.get(collective)
     if forced is not None:
         for mod in REGISTRY[collective]:
@@ -87,13 +88,15 @@ def _cheapest(collective: str, p: int, nbytes: int, link: Link) -> Choice:
             if best is None or t < best.predicted:
                 best = Choice(collective, mod.NAME, mod, t, False)
     assert best is not None, collective
-    log.debug("%s p=%d n=%d -> %s (%.1f us)", collective, p, nbytes, best.name,
-              best.predicted * 1e6)
+    log.debug(
+        "%s p=%d n=%d -> %s (%.1f us)", collective, p, nbytes, best.name, best.predicted * 1e6
+    )
     return best
 
 
-def table(p: int, link: Link, sizes: list[int],
-          fmt: Callable[[float], str] = lambda t: f"{t * 1e6:.1f}") -> str:
+def table(
+    p: int, link: Link, sizes: list[int], fmt: Callable[[float], str] = lambda t: f"{t * 1e6:.1f}"
+) -> str:
     """The choice table (predicted µs per algorithm) for logs and ``unison info``."""
     lines = []
     for coll, mods in REGISTRY.items():

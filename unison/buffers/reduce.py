@@ -8,6 +8,7 @@ storage-typed 1-D arrays; ``out`` may alias ``a``. No array is allocated per cal
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ def check_op(op: ReduceOp, dtype: DType) -> None:
 def _bf16_kernel(op: ReduceOp) -> Kernel:
     import torch
 
-    fn = {
+    fn: Any = {
         ReduceOp.SUM: torch.add,
         ReduceOp.AVG: torch.add,
         ReduceOp.PRODUCT: torch.mul,

@@ -110,6 +110,7 @@ def irecv(buf: BufferLike, src: int, tag: int = 0, group: Group | None = None) -
     """Start receiving from ``src`` into ``buf``."""
     return _g(group).irecv(buf, src, tag)
 
+
 @overload
 def broadcast(
     buf: BufferLike, src: int = 0, group: Group | None = None, async_op: Literal[False] = False
@@ -124,13 +125,21 @@ def broadcast(
     """Copy ``buf`` from rank ``src`` (a global rank) to every rank of the group, in place."""
     return _c.broadcast(_g(group), buf, src, async_op)
 
+
 @overload
 def all_reduce(
-    buf: BufferLike, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, async_op: Literal[False] = False
+    buf: BufferLike,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def all_reduce(
-    buf: BufferLike, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, *, async_op: Literal[True]
+    buf: BufferLike,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
 def all_reduce(
     buf: BufferLike, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, async_op: bool = False
@@ -138,33 +147,59 @@ def all_reduce(
     """Reduce ``buf`` over the group with ``op``; every rank gets the result, in place."""
     return _c.all_reduce(_g(group), buf, op, async_op)
 
+
 @overload
 def reduce(
-    buf: BufferLike, dst: int = 0, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, async_op: Literal[False] = False
+    buf: BufferLike,
+    dst: int = 0,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def reduce(
-    buf: BufferLike, dst: int = 0, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, *, async_op: Literal[True]
+    buf: BufferLike,
+    dst: int = 0,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
 def reduce(
-    buf: BufferLike, dst: int = 0, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, async_op: bool = False
+    buf: BufferLike,
+    dst: int = 0,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
-    """Reduce ``buf`` over the group into rank ``dst``'s ``buf``; other buffers are left unchanged."""
+    """Reduce ``buf`` over the group into rank ``dst``'s ``buf``; other buffers stay unchanged."""
     return _c.reduce(_g(group), buf, dst, op, async_op)
+
 
 @overload
 def all_gather(
-    out_list: Sequence[BufferLike], buf: BufferLike, group: Group | None = None, async_op: Literal[False] = False
+    out_list: Sequence[BufferLike],
+    buf: BufferLike,
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def all_gather(
-    out_list: Sequence[BufferLike], buf: BufferLike, group: Group | None = None, *, async_op: Literal[True]
+    out_list: Sequence[BufferLike],
+    buf: BufferLike,
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
 def all_gather(
-    out_list: Sequence[BufferLike], buf: BufferLike, group: Group | None = None, async_op: bool = False
+    out_list: Sequence[BufferLike],
+    buf: BufferLike,
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
-    """Gather every rank's ``buf`` into ``out_list[i]`` (one buffer per group rank) on every rank."""
+    """Gather every rank's ``buf`` into ``out_list[i]`` (one per group rank), on every rank."""
     return _c.all_gather(_g(group), out_list, buf, async_op)
+
 
 @overload
 def all_gather_into_tensor(
@@ -177,103 +212,184 @@ def all_gather_into_tensor(
 def all_gather_into_tensor(
     out: BufferLike, buf: BufferLike, group: Group | None = None, async_op: bool = False
 ) -> Work | None:
-    """Gather every rank's ``buf`` into one buffer ``out`` of ``size`` x ``buf`` elements, in rank order."""
+    """Gather every rank's ``buf`` into one ``out`` of ``size`` x ``buf`` elements (rank order)."""
     return _c.all_gather_into_tensor(_g(group), out, buf, async_op)
+
 
 @overload
 def gather(
-    buf: BufferLike, gather_list: Sequence[BufferLike] | None = None, dst: int = 0, group: Group | None = None, async_op: Literal[False] = False
+    buf: BufferLike,
+    gather_list: Sequence[BufferLike] | None = None,
+    dst: int = 0,
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def gather(
-    buf: BufferLike, gather_list: Sequence[BufferLike] | None = None, dst: int = 0, group: Group | None = None, *, async_op: Literal[True]
+    buf: BufferLike,
+    gather_list: Sequence[BufferLike] | None = None,
+    dst: int = 0,
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
 def gather(
-    buf: BufferLike, gather_list: Sequence[BufferLike] | None = None, dst: int = 0, group: Group | None = None, async_op: bool = False
+    buf: BufferLike,
+    gather_list: Sequence[BufferLike] | None = None,
+    dst: int = 0,
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
     """Gather every rank's ``buf`` into ``gather_list`` on rank ``dst`` (None elsewhere)."""
     return _c.gather(_g(group), buf, gather_list, dst, async_op)
 
+
 @overload
 def scatter(
-    buf: BufferLike, scatter_list: Sequence[BufferLike] | None = None, src: int = 0, group: Group | None = None, async_op: Literal[False] = False
+    buf: BufferLike,
+    scatter_list: Sequence[BufferLike] | None = None,
+    src: int = 0,
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def scatter(
-    buf: BufferLike, scatter_list: Sequence[BufferLike] | None = None, src: int = 0, group: Group | None = None, *, async_op: Literal[True]
+    buf: BufferLike,
+    scatter_list: Sequence[BufferLike] | None = None,
+    src: int = 0,
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
 def scatter(
-    buf: BufferLike, scatter_list: Sequence[BufferLike] | None = None, src: int = 0, group: Group | None = None, async_op: bool = False
+    buf: BufferLike,
+    scatter_list: Sequence[BufferLike] | None = None,
+    src: int = 0,
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
     """Send ``scatter_list[i]`` from rank ``src`` to group rank i's ``buf``."""
     return _c.scatter(_g(group), buf, scatter_list, src, async_op)
 
+
 @overload
 def reduce_scatter(
-    out: BufferLike, in_list: Sequence[BufferLike], op: ReduceOp = ReduceOp.SUM, group: Group | None = None, async_op: Literal[False] = False
+    out: BufferLike,
+    in_list: Sequence[BufferLike],
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def reduce_scatter(
-    out: BufferLike, in_list: Sequence[BufferLike], op: ReduceOp = ReduceOp.SUM, group: Group | None = None, *, async_op: Literal[True]
+    out: BufferLike,
+    in_list: Sequence[BufferLike],
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
 def reduce_scatter(
-    out: BufferLike, in_list: Sequence[BufferLike], op: ReduceOp = ReduceOp.SUM, group: Group | None = None, async_op: bool = False
+    out: BufferLike,
+    in_list: Sequence[BufferLike],
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
     """Reduce ``in_list[i]`` over the group into group rank i's ``out``."""
     return _c.reduce_scatter(_g(group), out, in_list, op, async_op)
 
+
 @overload
 def reduce_scatter_tensor(
-    out: BufferLike, inbuf: BufferLike, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, async_op: Literal[False] = False
+    out: BufferLike,
+    inbuf: BufferLike,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def reduce_scatter_tensor(
-    out: BufferLike, inbuf: BufferLike, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, *, async_op: Literal[True]
+    out: BufferLike,
+    inbuf: BufferLike,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
 def reduce_scatter_tensor(
-    out: BufferLike, inbuf: BufferLike, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, async_op: bool = False
+    out: BufferLike,
+    inbuf: BufferLike,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
     """Reduce-scatter from one buffer of ``size`` x ``out`` elements (block i goes to rank i)."""
     return _c.reduce_scatter_tensor(_g(group), out, inbuf, op, async_op)
 
+
 @overload
 def all_to_all(
-    out_list: Sequence[BufferLike], in_list: Sequence[BufferLike], group: Group | None = None, async_op: Literal[False] = False
+    out_list: Sequence[BufferLike],
+    in_list: Sequence[BufferLike],
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def all_to_all(
-    out_list: Sequence[BufferLike], in_list: Sequence[BufferLike], group: Group | None = None, *, async_op: Literal[True]
+    out_list: Sequence[BufferLike],
+    in_list: Sequence[BufferLike],
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
 def all_to_all(
-    out_list: Sequence[BufferLike], in_list: Sequence[BufferLike], group: Group | None = None, async_op: bool = False
+    out_list: Sequence[BufferLike],
+    in_list: Sequence[BufferLike],
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
-    """Send ``in_list[j]`` to group rank j, receive group rank j's block into ``out_list[j]`` (sizes may differ)."""
+    """Send ``in_list[j]`` to group rank j; receive its block into ``out_list[j]``."""
     return _c.all_to_all(_g(group), out_list, in_list, async_op)
 
-@overload
-def all_to_all_single(
-    out: BufferLike, inbuf: BufferLike, output_split_sizes: Sequence[int] | None = None, input_split_sizes: Sequence[int] | None = None, group: Group | None = None, async_op: Literal[False] = False
-) -> None: ...
-@overload
-def all_to_all_single(
-    out: BufferLike, inbuf: BufferLike, output_split_sizes: Sequence[int] | None = None, input_split_sizes: Sequence[int] | None = None, group: Group | None = None, *, async_op: Literal[True]
-) -> Work: ...
-def all_to_all_single(
-    out: BufferLike, inbuf: BufferLike, output_split_sizes: Sequence[int] | None = None, input_split_sizes: Sequence[int] | None = None, group: Group | None = None, async_op: bool = False
-) -> Work | None:
-    """All-to-all on single buffers split along their first dimension (equal or given split sizes)."""
-    return _c.all_to_all_single(_g(group), out, inbuf, output_split_sizes, input_split_sizes, async_op)
 
 @overload
-def barrier(
-    group: Group | None = None, async_op: Literal[False] = False
+def all_to_all_single(
+    out: BufferLike,
+    inbuf: BufferLike,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
-def barrier(
-    group: Group | None = None, *, async_op: Literal[True]
+def all_to_all_single(
+    out: BufferLike,
+    inbuf: BufferLike,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
-def barrier(
-    group: Group | None = None, async_op: bool = False
+def all_to_all_single(
+    out: BufferLike,
+    inbuf: BufferLike,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
+    """All-to-all of single buffers split along the first dimension (equal or given splits)."""
+    return _c.all_to_all_single(
+        _g(group), out, inbuf, output_split_sizes, input_split_sizes, async_op
+    )
+
+
+@overload
+def barrier(group: Group | None = None, async_op: Literal[False] = False) -> None: ...
+@overload
+def barrier(group: Group | None = None, *, async_op: Literal[True]) -> Work: ...
+def barrier(group: Group | None = None, async_op: bool = False) -> Work | None:
     """Return only when every rank of the group has entered the barrier."""
     return _c.barrier(_g(group), async_op)

@@ -43,8 +43,9 @@ def _op(op: Any) -> ReduceOp:
         raise InvalidArgumentError(f"op must be a unison.ReduceOp, got {op!r}") from None
 
 
-def _list(comm: Communicator, items: Any, what: str, ref: Buffer, *, writable: bool,
-          equal: bool = True) -> list[Buffer]:
+def _list(
+    comm: Communicator, items: Any, what: str, ref: Buffer, *, writable: bool, equal: bool = True
+) -> list[Buffer]:
     if not isinstance(items, (list, tuple)):
         raise InvalidArgumentError(f"{what} must be a list of {comm.size} buffers")
     if len(items) != comm.size:
@@ -114,8 +115,9 @@ def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> W
     return comm.submit(OpCode.REDUCE, sig, body, async_op)
 
 
-def _allgather_submit(comm: Communicator, b: Buffer, blocks: list[np.ndarray],
-                      async_op: bool, result: Any) -> Work | None:
+def _allgather_submit(
+    comm: Communicator, b: Buffer, blocks: list[np.ndarray], async_op: bool, result: Any
+) -> Work | None:
     algo = _choose(comm, "allgather", b.nbytes * comm.size)
     me = comm.require_member("all_gather")
 
@@ -136,8 +138,7 @@ def all_gather(comm: Communicator, out_list: Any, buf: Any, async_op: bool) -> W
     return _allgather_submit(comm, b, [o.array for o in outs], async_op, out_list)
 
 
-def all_gather_into_tensor(comm: Communicator, out: Any, buf: Any,
-                           async_op: bool) -> Work | None:
+def all_gather_into_tensor(comm: Communicator, out: Any, buf: Any, async_op: bool) -> Work | None:
     comm.require_member("all_gather_into_tensor")
     b = as_buffer(buf, "all_gather input", writable=False)
     o = as_buffer(out, "all_gather output")
@@ -149,8 +150,9 @@ def all_gather_into_tensor(comm: Communicator, out: Any, buf: Any,
     return _allgather_submit(comm, b, _split(o.array, comm.size, b.count), async_op, out)
 
 
-def _rooted_list(comm: Communicator, items: Any, what: str, ref: Buffer, is_root: bool,
-                 *, writable: bool) -> list[Buffer] | None:
+def _rooted_list(
+    comm: Communicator, items: Any, what: str, ref: Buffer, is_root: bool, *, writable: bool
+) -> list[Buffer] | None:
     if is_root:
         if items is None:
             raise InvalidArgumentError(f"{what} is required on the root rank")
@@ -160,8 +162,7 @@ def _rooted_list(comm: Communicator, items: Any, what: str, ref: Buffer, is_root
     return None
 
 
-def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int,
-           async_op: bool) -> Work | None:
+def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int, async_op: bool) -> Work | None:
     me = comm.require_member("gather")
     b = as_buffer(buf, "gather buffer", writable=False)
     root = comm.group_rank(dst, "dst")
@@ -175,8 +176,9 @@ def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int,
     return comm.submit(OpCode.GATHER, sig, body, async_op)
 
 
-def scatter(comm: Communicator, buf: Any, scatter_list: Any, src: int,
-            async_op: bool) -> Work | None:
+def scatter(
+    comm: Communicator, buf: Any, scatter_list: Any, src: int, async_op: bool
+) -> Work | None:
     me = comm.require_member("scatter")
     b = as_buffer(buf, "scatter buffer")
     root = comm.group_rank(src, "src")
@@ -190,8 +192,9 @@ def scatter(comm: Communicator, buf: Any, scatter_list: Any, src: int,
     return comm.submit(OpCode.SCATTER, sig, body, async_op)
 
 
-def _reduce_scatter_submit(comm: Communicator, o: Buffer, blocks: list[np.ndarray], op: Any,
-                           async_op: bool) -> Work | None:
+def _reduce_scatter_submit(
+    comm: Communicator, o: Buffer, blocks: list[np.ndarray], op: Any, async_op: bool
+) -> Work | None:
     rop = _op(op)
     kern = kernel(rop, o.dtype)
     algo = _choose(comm, "reduce_scatter", o.nbytes * comm.size)
@@ -207,8 +210,9 @@ def _reduce_scatter_submit(comm: Communicator, o: Buffer, blocks: list[np.ndarra
     return comm.submit(OpCode.REDUCE_SCATTER, sig, body, async_op)
 
 
-def reduce_scatter(comm: Communicator, out: Any, in_list: Any, op: Any,
-                   async_op: bool) -> Work | None:
+def reduce_scatter(
+    comm: Communicator, out: Any, in_list: Any, op: Any, async_op: bool
+) -> Work | None:
     comm.require_member("reduce_scatter")
     o = as_buffer(out, "reduce_scatter output")
     check_op(_op(op), o.dtype)
@@ -216,8 +220,9 @@ def reduce_scatter(comm: Communicator, out: Any, in_list: Any, op: Any,
     return _reduce_scatter_submit(comm, o, [i.array for i in ins], op, async_op)
 
 
-def reduce_scatter_tensor(comm: Communicator, out: Any, inbuf: Any, op: Any,
-                          async_op: bool) -> Work | None:
+def reduce_scatter_tensor(
+    comm: Communicator, out: Any, inbuf: Any, op: Any, async_op: bool
+) -> Work | None:
     comm.require_member("reduce_scatter_tensor")
     o = as_buffer(out, "reduce_scatter output")
     i = as_buffer(inbuf, "reduce_scatter input", writable=False)
@@ -230,8 +235,14 @@ def reduce_scatter_tensor(comm: Communicator, out: Any, inbuf: Any, op: Any,
     return _reduce_scatter_submit(comm, o, _split(i.array, comm.size, o.count), op, async_op)
 
 
-def _alltoall_submit(comm: Communicator, outs: list[np.ndarray], ins: list[np.ndarray],
-                     ref: Buffer, async_op: bool, result: Any) -> Work | None:
+def _alltoall_submit(
+    comm: Communicator,
+    outs: list[np.ndarray],
+    ins: list[np.ndarray],
+    ref: Buffer,
+    async_op: bool,
+    result: Any,
+) -> Work | None:
     algo = _choose(comm, "alltoall", sum(int(x.nbytes) for x in ins))
 
     def body(ctx: OpContext) -> Any:
@@ -249,8 +260,9 @@ def all_to_all(comm: Communicator, out_list: Any, in_list: Any, async_op: bool) 
     ref = as_buffer(in_list[0], "all_to_all input list[0]", writable=False)
     ins = _list(comm, in_list, "all_to_all input list", ref, writable=False, equal=False)
     outs = _list(comm, out_list, "all_to_all output list", ref, writable=True, equal=False)
-    return _alltoall_submit(comm, [o.array for o in outs], [i.array for i in ins], ref,
-                            async_op, out_list)
+    return _alltoall_submit(
+        comm, [o.array for o in outs], [i.array for i in ins], ref, async_op, out_list
+    )
 
 
 def _splits(b: Buffer, sizes: Sequence[int] | None, parts: int, what: str) -> list[np.ndarray]:
@@ -276,9 +288,14 @@ def _splits(b: Buffer, sizes: Sequence[int] | None, parts: int, what: str) -> li
     return out
 
 
-def all_to_all_single(comm: Communicator, out: Any, inbuf: Any,
-                      output_split_sizes: Sequence[int] | None,
-                      input_split_sizes: Sequence[int] | None, async_op: bool) -> Work | None:
+def all_to_all_single(
+    comm: Communicator,
+    out: Any,
+    inbuf: Any,
+    output_split_sizes: Sequence[int] | None,
+    input_split_sizes: Sequence[int] | None,
+    async_op: bool,
+) -> Work | None:
     comm.require_member("all_to_all_single")
     i = as_buffer(inbuf, "all_to_all input", writable=False)
     o = as_buffer(out, "all_to_all output")

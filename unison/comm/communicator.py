@@ -27,6 +27,7 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..transport.framing import Control, Kind, OpSig
+from .desync import ROOTED, confirm, foreign_frame_error
 from .engine import Engine
 from .work import RequestWork, Work
 
@@ -59,6 +60,8 @@ class Communicator:
         self._inflight: dict[int, OpContext] = {}
         self._early_aborts: dict[int, BaseException] = {}
         self._broken: BaseException | None = None
+        self._notices: dict[int, dict[int, list[int]]] = {}  # seq -> {rank: waiting for}
+        self._notice_cv = threading.Condition(self._lock)
 
     def __repr__(self) -> str:
         return f"<unison.Group {self.id} ranks={list(self.ranks)} rank={self.rank}>"
@@ -82,15 +85,17 @@ class Communicator:
             )
         return self.ranks.index(int(global_rank))
 
-    def sig(self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0,
-            root: int = -1) -> OpSig:
+    def sig(
+        self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
+    ) -> OpSig:
         if not self.rt.config.check_mismatch:
             return OpSig(op=int(op))
         return OpSig(int(op), int(dtype), int(redop), int(root), int(count))
 
     # --- running collectives -------------------------------------------------------------
-    def submit(self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any],
-               async_op: bool) -> Work | None:
+    def submit(
+        self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any], async_op: bool
+    ) -> Work | None:
         me = self.require_member(op.label)
         with self._lock:
             self._seq += 1
@@ -106,12 +111,29 @@ class Communicator:
         work.wait()
         return None
 
-    def _execute(self, seq: int, me: int, op: OpCode, sig: OpSig,
-                 body: Callable[[OpContext], Any], work: Work) -> None:
+    def _execute(
+        self,
+        seq: int,
+        me: int,
+        op: OpCode,
+        sig: OpSig,
+        body: Callable[[OpContext], Any],
+        work: Work,
+    ) -> None:
         cfg = self.rt.config
-        ctx = OpContext(self.rt.router, op=op, group_id=self.id, seq=seq, ranks=self.ranks,
-                        rank=me, sig=sig, deadline=time.monotonic() + cfg.timeout,
-                        timeout=cfg.timeout, segment_bytes=cfg.segment_bytes)
+        ctx = OpContext(
+            self.rt.router,
+            op=op,
+            group_id=self.id,
+            seq=seq,
+            ranks=self.ranks,
+            rank=me,
+            sig=sig,
+            deadline=time.monotonic() + cfg.timeout,
+            timeout=cfg.timeout,
+            segment_bytes=cfg.segment_bytes,
+        )
+        ctx.diagnose = self._diagnose_timeout
         with self._lock:
             early = self._broken_error(ctx) or self._early_aborts.pop(seq, None)
             if early is None:
@@ -123,6 +145,8 @@ class Communicator:
             return
         try:
             result = body(ctx)
+            if op in ROOTED and cfg.check_mismatch and self.size > 1:
+                confirm(ctx, self._check_context(ctx))
         except CommunicationError as exc:
             self._fail(ctx, exc)
             work._finish(error=exc)
@@ -134,14 +158,41 @@ class Communicator:
         finally:
             with self._lock:
                 self._inflight.pop(seq, None)
+                self._notices.pop(seq, None)
                 self._done = max(self._done, seq)
+
+    def _check_context(self, ctx: OpContext) -> OpContext:
+        """A context for the signature confirmation; it replaces ``ctx`` as in flight."""
+        check = OpContext(
+            self.rt.router,
+            op=OpCode.CHECK,
+            group_id=self.id,
+            seq=ctx.seq,
+            ranks=self.ranks,
+            rank=ctx.rank,
+            sig=OpSig(op=int(OpCode.CHECK)),
+            deadline=ctx.deadline,
+            timeout=ctx.timeout,
+            segment_bytes=1 << 16,
+            tag_base=1 << 31,
+        )
+        check.diagnose = self._diagnose_timeout
+        with self._lock:
+            self._inflight[ctx.seq] = check
+            late = ctx._aborted
+        if late is not None:
+            check.abort(late)
+        return check
 
     def _broken_error(self, ctx: OpContext) -> BaseException | None:
         if self._broken is None:
             return None
         return AbortedError(
             f"{ctx.name} refused: group {self.id} is unusable since an earlier failure: "
-            f"{self._broken}", op=ctx.op.label, seq=ctx.seq, group=self.id,
+            f"{self._broken}",
+            op=ctx.op.label,
+            seq=ctx.seq,
+            group=self.id,
             ranks=getattr(self._broken, "ranks", ()),
         )
 
@@ -151,11 +202,18 @@ class Communicator:
                 self._broken = exc
         ctx.finish()
         self.rt.forget(self.id, ctx.seq)
-        if getattr(exc, "remote", False):
+        if isinstance(exc, CommunicationError) and exc.remote:
             return
         kind = "mismatch" if isinstance(exc, MismatchError) else type(exc).__name__
-        payload = json.dumps({"group": self.id, "seq": ctx.seq, "kind": kind,
-                              "message": str(exc), "origin": self.rt.rank}).encode()
+        payload = json.dumps(
+            {
+                "group": self.id,
+                "seq": ctx.seq,
+                "kind": kind,
+                "message": str(exc),
+                "origin": self.rt.rank,
+            }
+        ).encode()
         for peer in self.ranks:
             if peer != self.rt.rank:
                 self.rt.send_control(peer, Control.ABORT, payload)
@@ -172,6 +230,49 @@ class Communicator:
                 return
         ctx.abort(exc)
 
+    def _diagnose_timeout(self, ctx: OpContext, waiting: list[int]) -> list[int]:
+        """Tell the group this rank timed out, hear who else did; the rest are silent."""
+        me = self.rt.rank
+        payload = json.dumps(
+            {
+                "group": self.id,
+                "seq": ctx.seq,
+                "kind": "timeout-notice",
+                "origin": me,
+                "waiting": waiting,
+            }
+        ).encode()
+        for peer in self.ranks:
+            if peer != me:
+                self.rt.send_control(peer, Control.ABORT, payload)
+        grace = time.monotonic() + min(1.0, 0.25 * ctx.timeout)
+        others = [r for r in self.ranks if r != me]
+        with self._notice_cv:
+            while len(self._notices.get(ctx.seq, {})) < len(others):
+                left = grace - time.monotonic()
+                if left <= 0:
+                    break
+                self._notice_cv.wait(left)
+            reported = set(self._notices.get(ctx.seq, {}))
+        silent = [r for r in others if r not in reported]
+        return silent or waiting
+
+    def timeout_notice(self, seq: int, origin: int, waiting: list[int]) -> None:
+        with self._notice_cv:
+            if seq > self._done or seq in self._inflight:
+                self._notices.setdefault(seq, {})[origin] = waiting
+                self._notice_cv.notify_all()
+
+    def foreign_frame(self, seq: int, peer: int, sig: OpSig) -> None:
+        """A frame for operation ``seq`` arrived unasked; if it is another op, fail now."""
+        with self._lock:
+            ctx = self._inflight.get(seq)
+        if ctx is None or ctx.op is OpCode.CHECK or not self.rt.config.check_mismatch:
+            return
+        err = foreign_frame_error(ctx, peer, sig)
+        if err is not None:
+            ctx.abort(err)
+
     def peer_lost(self, exc: CommunicationError) -> None:
         with self._lock:
             if self._broken is None:
@@ -181,15 +282,19 @@ class Communicator:
             ctx.abort(exc)
 
     # --- point-to-point ----------------------------------------------------------------------
-    def _p2p_args(self, buf: Any, peer: int, tag: int, what: str,
-                  writable: bool) -> tuple[Buffer, int]:
+    def _p2p_args(
+        self, buf: Any, peer: int, tag: int, what: str, writable: bool
+    ) -> tuple[Buffer, int]:
         self.require_member(what)
         b = as_buffer(buf, what, writable=writable)
         self.group_rank(peer, "dst" if what == "send" else "src")
         if int(peer) == self.rt.rank:
             raise InvalidArgumentError(f"{what}: rank {peer} cannot {what} to itself")
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) \
-                or not 0 <= int(tag) <= _MAX_TAG:
+        if (
+            isinstance(tag, bool)
+            or not isinstance(tag, (int, np.integer))
+            or not 0 <= int(tag) <= _MAX_TAG
+        ):
             raise InvalidArgumentError(f"{what}: tag must be an int in [0, 2**32), got {tag!r}")
         return b, int(peer)
 
@@ -198,8 +303,9 @@ class Communicator:
         sig = self.sig(OpCode.P2P, b.dtype, b.count)
         cfg = self.rt.config
         deadline = time.monotonic() + cfg.timeout
-        req = self.rt.router.isend(peer, (int(Kind.P2P), self.id, 0, int(tag)),
-                                   b.array.view(np.uint8), sig, deadline)
+        req = self.rt.router.isend(
+            peer, (int(Kind.P2P), self.id, 0, int(tag)), b.array.view(np.uint8), sig, deadline
+        )
         name = f"send to rank {peer} (tag {tag})"
         return RequestWork(name, req, deadline, cfg.timeout, self._p2p_error(name))
 
@@ -208,19 +314,24 @@ class Communicator:
         sig = self.sig(OpCode.P2P, b.dtype, b.count)
         cfg = self.rt.config
         deadline = time.monotonic() + cfg.timeout
-        req = self.rt.router.irecv(peer, (int(Kind.P2P), self.id, 0, int(tag)),
-                                   b.array.view(np.uint8), sig)
+        req = self.rt.router.irecv(
+            peer, (int(Kind.P2P), self.id, 0, int(tag)), b.array.view(np.uint8), sig
+        )
         name = f"recv from rank {peer} (tag {tag})"
         return RequestWork(name, req, deadline, cfg.timeout, self._p2p_error(name, sig), buf)
 
-    def _p2p_error(self, name: str, mine: OpSig | None = None
-                   ) -> Callable[[CommunicationError], CommunicationError]:
+    def _p2p_error(
+        self, name: str, mine: OpSig | None = None
+    ) -> Callable[[CommunicationError], CommunicationError]:
         def translate(exc: CommunicationError) -> CommunicationError:
             if isinstance(exc, MismatchError) and mine is not None:
+                theirs = getattr(exc, "sender_sig", None)
+                sent = describe(theirs).replace("p2p", "") if theirs else "another size"
                 return MismatchError(
-                    f"{name}: the message does not fit: rank {self.rt.rank} expects "
-                    f"{describe(mine).replace('p2p', 'a message of')}; {exc}",
-                    op=name, ranks=exc.ranks,
+                    f"{name}: the message does not fit: rank {exc.ranks[0]} sent {sent} but "
+                    f"rank {self.rt.rank} expects {describe(mine).replace('p2p', '')}",
+                    op=name,
+                    ranks=(*exc.ranks, self.rt.rank),
                 )
             return type(exc)(f"{name}: {exc}", op=name, ranks=exc.ranks)
 

@@ -80,7 +80,7 @@ def scatter_object(comm: Communicator, objs: Sequence[Any] | None, src: int) -> 
     padded = None
     if me == root:
         padded = [np.zeros(width, np.uint8) for _ in blobs]
-        for p, b in zip(padded, blobs):
+        for p, b in zip(padded, blobs, strict=True):
             p[: b.size] = b
     c.scatter(comm, mine, padded, src, False)
     return _load(mine[: int(lengths[me])])

@@ -22,12 +22,13 @@ from ..bootstrap import advertise_address, connect_mesh
 from ..config import Config, load_config
 from ..errors import (
     AbortedError,
+    CommunicationError,
     InvalidArgumentError,
     MismatchError,
     NotInitializedError,
     PeerLostError,
 )
-from ..launch.env import FAILURE_KEY, JobInfo, detect_job, failure_record
+from ..jobenv import FAILURE_KEY, JobInfo, detect_job, failure_record
 from ..log import configure, get_logger, set_rank
 from ..store import FileStore, Store, TCPStore, TCPStoreServer
 from ..transport.base import Events, Key, PeerInfo
@@ -62,8 +63,8 @@ class Runtime:
         self.size = job.size
         self.server: TCPStoreServer | None = None
         self.store: Store | None = None
-        self.transport = TcpTransport(job.rank, Events(self._on_peer_lost, self._on_abort),
-                                      config.inline_send_bytes)
+        events = Events(self._on_peer_lost, self._on_abort, self._on_unexpected)
+        self.transport = TcpTransport(job.rank, events, config.inline_send_bytes)
         self.link = Link(self.transport.alpha, self.transport.beta)
         self.overrides = config.algo_overrides()
         self.groups: dict[int, Communicator] = {}
@@ -81,12 +82,20 @@ class Runtime:
             self.epoch = self.store.add(f"unison/epoch/{self.rank}", 1)
             host = job.store_addr[0] if job.store_addr else None
             self.infos = connect_mesh(
-                self.store, self.rank, self.size, job.secret or b"", job.job_id,
-                advertise=advertise_address(host, cfg.network_interface), bind=cfg.bind_addr,
-                timeout=cfg.timeout, epoch=self.epoch, adopt=self.transport.attach,
+                self.store,
+                self.rank,
+                self.size,
+                job.secret or b"",
+                job.job_id,
+                advertise=advertise_address(host, cfg.network_interface),
+                bind=cfg.bind_addr,
+                timeout=cfg.timeout,
+                epoch=self.epoch,
+                adopt=self.transport.attach,
             )
             self.local_rank, self.local_size, self.cross_rank, self.cross_size = _layout(
-                self.infos, self.rank)
+                self.infos, self.rank
+            )
         if job.local_rank is not None and job.local_size is not None:
             self.local_rank, self.local_size = job.local_rank, job.local_size
         if job.cross_rank is not None and job.cross_size is not None:
@@ -109,8 +118,7 @@ class Runtime:
         )
 
     # --- routing (the algorithms' Router) ---------------------------------------------------
-    def isend(self, peer: int, key: Key, view: np.ndarray, sig: OpSig,
-              deadline: float) -> Request:
+    def isend(self, peer: int, key: Key, view: np.ndarray, sig: OpSig, deadline: float) -> Request:
         return self.transport.isend(peer, key, view, sig, deadline)
 
     def irecv(self, peer: int, key: Key, view: np.ndarray, sig: OpSig) -> Request:
@@ -136,8 +144,9 @@ class Runtime:
     def new_group(self, ranks: Sequence[int] | None) -> Communicator:
         members = list(range(self.size)) if ranks is None else [int(r) for r in ranks]
         if not members or len(set(members)) != len(members):
-            raise InvalidArgumentError(f"new_group: ranks must be distinct and non-empty, "
-                                       f"got {list(ranks or [])}")
+            raise InvalidArgumentError(
+                f"new_group: ranks must be distinct and non-empty, got {list(ranks or [])}"
+            )
         bad = [r for r in members if not 0 <= r < self.size]
         if bad:
             raise InvalidArgumentError(f"new_group: ranks {bad} are outside 0..{self.size - 1}")
@@ -150,33 +159,53 @@ class Runtime:
 
     # --- events from the transport's threads ----------------------------------------------------
     def _on_peer_lost(self, peer: int, reason: str, graceful: bool) -> None:
-        what = "shut down" if graceful else f"was lost ({reason})"
+        if graceful:
+            # An orderly goodbye: the peer finished everything it was part of. Receives
+            # still posted for it have already failed in the transport; nothing else did.
+            return
+        what = f"was lost ({reason})"
         for comm in list(self.groups.values()):
             if peer in comm.ranks and comm.rank is not None:
-                comm.peer_lost(PeerLostError(f"rank {peer} {what}", ranks=(peer,),
-                                             group=comm.id))
+                comm.peer_lost(PeerLostError(f"rank {peer} {what}", ranks=(peer,), group=comm.id))
+
+    def _on_unexpected(self, peer: int, key: Key, sig: OpSig) -> None:
+        comm = self.groups.get(key[1])
+        if comm is not None:
+            comm.foreign_frame(key[2], peer, sig)
 
     def _on_abort(self, peer: int, info: dict[str, Any]) -> None:
-        comm = self.groups.get(int(info.get("group", -1)))  # type: ignore[arg-type]
+        try:
+            gid = int(str(info.get("group", -1)))
+            seq = int(str(info.get("seq", 0)))
+            origin = int(str(info.get("origin", peer)))
+        except (TypeError, ValueError):
+            return
+        comm = self.groups.get(gid)
         if comm is None:
             return
-        origin = info.get("origin", peer)
+        if info.get("kind") == "timeout-notice":
+            waiting = info.get("waiting")
+            comm.timeout_notice(seq, origin, list(waiting) if isinstance(waiting, list) else [])
+            return
         text = str(info.get("message", "unknown failure"))
-        exc: Exception
+        exc: CommunicationError
         if info.get("kind") == "mismatch":
-            exc = MismatchError(text, group=comm.id, ranks=(int(origin),))  # type: ignore[arg-type]
+            exc = MismatchError(text, group=gid, ranks=(origin,), remote=True)
         else:
-            exc = AbortedError(f"aborted because rank {origin} failed: {text}", group=comm.id,
-                               ranks=(int(origin),))  # type: ignore[arg-type]
-        exc.remote = True  # type: ignore[attr-defined]
-        comm.remote_abort(int(info.get("seq", 0)), exc)  # type: ignore[arg-type]
+            exc = AbortedError(
+                f"aborted because rank {origin} failed: {text}",
+                group=gid,
+                ranks=(origin,),
+                remote=True,
+            )
+        comm.remote_abort(seq, exc)
 
     # --- failure report and shutdown --------------------------------------------------------------
     def report_failure(self, text: str) -> None:
         if self.store is not None:
             try:
                 self.store.set(FAILURE_KEY.format(rank=self.rank), failure_record(text[:4096]))
-            except Exception:  # noqa: BLE001 - best effort while dying
+            except Exception:
                 pass
 
     def close(self) -> None:
@@ -192,7 +221,7 @@ class Runtime:
                         if self.store.add(f"unison/{self.epoch}/down", 0) >= self.size:
                             break
                         time.sleep(0.05)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             self.store.close()
         if self.server is not None:
@@ -220,9 +249,14 @@ def _excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType
     _prev_hook(tp, value, tb)
 
 
-def init(*, rank: int | None = None, size: int | None = None,
-         store_addr: str | tuple[str, int] | None = None, secret: bytes | str | None = None,
-         timeout: float | None = None) -> None:
+def init(
+    *,
+    rank: int | None = None,
+    size: int | None = None,
+    store_addr: str | tuple[str, int] | None = None,
+    secret: bytes | str | None = None,
+    timeout: float | None = None,
+) -> None:
     """Join the job. Idempotent: a second call while initialized does nothing."""
     global _RT
     with _LOCK:

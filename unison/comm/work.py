@@ -71,8 +71,15 @@ class Work:
 class RequestWork(Work):
     """A point-to-point operation: one transport request plus its deadline."""
 
-    def __init__(self, name: str, req: Request, deadline: float, timeout: float,
-                 translate: Any, result: Any = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        req: Request,
+        deadline: float,
+        timeout: float,
+        translate: Any,
+        result: Any = None,
+    ) -> None:
         super().__init__(name)
         self._req = req
         self._deadline = deadline
@@ -101,10 +108,14 @@ class RequestWork(Work):
         if time.monotonic() >= self._deadline:
             with self._lock:
                 if not self._event.is_set():
-                    self._finish(self._result, CollectiveTimeoutError(
-                        f"{self.name} timed out after {self._timeout:g}s; "
-                        f"not heard from rank {self._req.peer}",
-                        op=self.name, ranks=(self._req.peer,),
-                    ))
+                    self._finish(
+                        self._result,
+                        CollectiveTimeoutError(
+                            f"{self.name} timed out after {self._timeout:g}s; "
+                            f"not heard from rank {self._req.peer}",
+                            op=self.name,
+                            ranks=(self._req.peer,),
+                        ),
+                    )
             return True
         return False

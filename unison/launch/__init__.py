@@ -4,6 +4,6 @@ Importing this package is cheap: only :mod:`.env` is loaded. The launcher itself
 :mod:`unison.launch.launcher`; the console script is :func:`unison.launch.cli.main`.
 """
 
-from .env import FAILURE_KEY, JobInfo, detect_job, failure_record, parse_failure_record
+from ..jobenv import FAILURE_KEY, JobInfo, detect_job, failure_record, parse_failure_record
 
 __all__ = ["FAILURE_KEY", "JobInfo", "detect_job", "failure_record", "parse_failure_record"]

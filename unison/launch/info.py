@@ -23,8 +23,11 @@ __all__ = ["cma_available", "configure_parser", "main", "report", "shm_available
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", action="store_true",
-                   help="also print every UNISON_* knob with its value and meaning")
+    p.add_argument(
+        "--config",
+        action="store_true",
+        help="also print every UNISON_* knob with its value and meaning",
+    )
 
 
 def shm_available() -> bool:
@@ -43,8 +46,14 @@ def cma_available() -> bool:
     except (OSError, AttributeError):
         return False
     fn.restype = ctypes.c_ssize_t
-    fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
-                   ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    fn.argtypes = [
+        ctypes.c_int,
+        ctypes.POINTER(_IoVec),
+        ctypes.c_ulong,
+        ctypes.POINTER(_IoVec),
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    ]
     src = ctypes.create_string_buffer(b"unison", 8)
     dst = ctypes.create_string_buffer(8)
     local = _IoVec(ctypes.cast(dst, ctypes.c_void_p), 8)
@@ -64,9 +73,11 @@ def report(*, with_config: bool = False) -> list[str]:
     """The lines ``unison info`` prints."""
     import numpy
 
-    lines = [f"unison {__version__}",
-             f"python {platform.python_version()} ({sys.executable})",
-             f"numpy {numpy.__version__}"]
+    lines = [
+        f"unison {__version__}",
+        f"python {platform.python_version()} ({sys.executable})",
+        f"numpy {numpy.__version__}",
+    ]
     torch = _module("torch")
     mpi4py = _module("mpi4py")
     lines.append(f"torch {torch.__version__}" if torch else "torch: not installed")

@@ -4,7 +4,7 @@ The launcher generates a per-job secret and id, serves the job's
 :class:`~unison.store.TCPStoreServer` on 127.0.0.1, starts N ranks with the
 ``UNISON_*`` (and Horovod's ``HOROVOD_*``) environment, forwards their output and
 watches them. One failure fails the job: the first rank to fail is named with its
-exit code or signal and its reason (the :data:`~unison.launch.env.FAILURE_KEY`
+exit code or signal and its reason (the :data:`~unison.jobenv.FAILURE_KEY`
 record it left in the store, else its last stderr line); every other rank's process
 group gets SIGTERM at once and SIGKILL after a short grace. Exit status: 0 when
 every rank exits 0, else the first failing rank's status (128 + signal when killed),
@@ -29,8 +29,8 @@ from typing import BinaryIO
 
 from .. import config as C
 from ..errors import InvalidArgumentError
+from ..jobenv import FAILURE_KEY, parse_failure_record
 from ..store import TCPStoreServer
-from .env import FAILURE_KEY, parse_failure_record
 from .output import OutputForwarder
 from .supervise import (
     RankProcess,
@@ -51,16 +51,40 @@ EXIT_CANNOT_RUN = 126
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-np", "-n", "--np", dest="np", type=int, required=True, metavar="N",
-                   help="number of ranks to start on this host")
-    p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="default deadline of every blocking call in the ranks (UNISON_TIMEOUT)")
-    p.add_argument("--job-timeout", type=float, default=None, metavar="S",
-                   help="wall-clock limit of the whole job; ends it with exit status 124")
-    p.add_argument("--no-prefix", action="store_true",
-                   help="do not prefix output lines with [rank] (or UNISON_PREFIX_OUTPUT=0)")
-    p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="the command every rank runs (after an optional --)")
+    p.add_argument(
+        "-np",
+        "-n",
+        "--np",
+        dest="np",
+        type=int,
+        required=True,
+        metavar="N",
+        help="number of ranks to start on this host",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="default deadline of every blocking call in the ranks (UNISON_TIMEOUT)",
+    )
+    p.add_argument(
+        "--job-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="wall-clock limit of the whole job; ends it with exit status 124",
+    )
+    p.add_argument(
+        "--no-prefix",
+        action="store_true",
+        help="do not prefix output lines with [rank] (or UNISON_PREFIX_OUTPUT=0)",
+    )
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="the command every rank runs (after an optional --)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -68,27 +92,37 @@ def main(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("unison run: no command given (usage: unison run -np N command ...)",
-              file=sys.stderr)
+        print("unison run: no command given (usage: unison run -np N command ...)", file=sys.stderr)
         return 2
     try:
         prefix = C.load_config().prefix_output and not args.no_prefix
-        return run_job(command, args.np, timeout=args.timeout,
-                       job_timeout=args.job_timeout, prefix=prefix)
+        return run_job(
+            command, args.np, timeout=args.timeout, job_timeout=args.job_timeout, prefix=prefix
+        )
     except InvalidArgumentError as exc:
         print(f"unison run: {exc}", file=sys.stderr)
         return 2
 
 
 def rank_environment(
-    base: Mapping[str, str], *, rank: int, size: int, store: tuple[str, int], secret: bytes,
-    job_id: str, timeout: float | None = None,
+    base: Mapping[str, str],
+    *,
+    rank: int,
+    size: int,
+    store: tuple[str, int],
+    secret: bytes,
+    job_id: str,
+    timeout: float | None = None,
 ) -> dict[str, str]:
     """The environment of one rank of a single-host job."""
     env = dict(base)
     ident = {
-        "RANK": rank, "SIZE": size, "LOCAL_RANK": rank, "LOCAL_SIZE": size,
-        "CROSS_RANK": 0, "CROSS_SIZE": 1,
+        "RANK": rank,
+        "SIZE": size,
+        "LOCAL_RANK": rank,
+        "LOCAL_SIZE": size,
+        "CROSS_RANK": 0,
+        "CROSS_SIZE": 1,
     }
     for name, value in ident.items():
         env[f"UNISON_{name}"] = str(value)
@@ -104,10 +138,15 @@ def rank_environment(
 
 
 def run_job(
-    command: Sequence[str], np: int, *, timeout: float | None = None,
-    job_timeout: float | None = None, prefix: bool = True,
+    command: Sequence[str],
+    np: int,
+    *,
+    timeout: float | None = None,
+    job_timeout: float | None = None,
+    prefix: bool = True,
     env: Mapping[str, str] | None = None,
-    stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
+    stdout: BinaryIO | None = None,
+    stderr: BinaryIO | None = None,
 ) -> int:
     """Run ``command`` as ``np`` ranks on this host; the job's exit status."""
     if np < 1:
@@ -121,13 +160,25 @@ def run_job(
     with TCPStoreServer("127.0.0.1", 0, secret, max_connections=max(1024, 4 * np)) as server:
         server.start()
         envs = [
-            rank_environment(base, rank=r, size=np, store=server.address, secret=secret,
-                             job_id=job_id, timeout=timeout)
+            rank_environment(
+                base,
+                rank=r,
+                size=np,
+                store=server.address,
+                secret=secret,
+                job_id=job_id,
+                timeout=timeout,
+            )
             for r in range(np)
         ]
         job = JobSupervisor(
-            command, envs, server, job_timeout=job_timeout, prefix=prefix,
-            stdout=stdout or sys.stdout.buffer, stderr=stderr or sys.stderr.buffer,
+            command,
+            envs,
+            server,
+            job_timeout=job_timeout,
+            prefix=prefix,
+            stdout=stdout or sys.stdout.buffer,
+            stderr=stderr or sys.stderr.buffer,
         )
         return job.run()
 
@@ -136,9 +187,15 @@ class JobSupervisor:
     """The launcher's event loop: rank exits (pidfds), their output, signals, deadlines."""
 
     def __init__(
-        self, command: Sequence[str], envs: Sequence[Mapping[str, str]],
-        server: TCPStoreServer, *, job_timeout: float | None, prefix: bool,
-        stdout: BinaryIO, stderr: BinaryIO,
+        self,
+        command: Sequence[str],
+        envs: Sequence[Mapping[str, str]],
+        server: TCPStoreServer,
+        *,
+        job_timeout: float | None,
+        prefix: bool,
+        stdout: BinaryIO,
+        stderr: BinaryIO,
     ) -> None:
         self.command = list(command)
         self.envs = list(envs)
@@ -241,7 +298,8 @@ class JobSupervisor:
         for rp in self.ranks:
             if rp.poll() and rp.returncode != 0:
                 caused_by_us = rp.signalled and rp.returncode in (
-                    -signal.SIGTERM, -signal.SIGKILL,
+                    -signal.SIGTERM,
+                    -signal.SIGKILL,
                 )
                 if self.stop_reason in (None, "failure") and not caused_by_us:
                     self.failed.append(rp)
@@ -280,9 +338,7 @@ class JobSupervisor:
         for rp in self.failed:
             raw = self.server.get_local(FAILURE_KEY.format(rank=rp.rank))
             why, when = parse_failure_record(raw) if raw is not None else (None, None)
-            if best is None or (
-                when is not None and best[2] is not None and when < best[2]
-            ):
+            if best is None or (when is not None and best[2] is not None and when < best[2]):
                 best = (rp, why, when)
         return None if best is None else (best[0], best[1])
 

@@ -19,7 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 __all__ = [
-    "RankProcess", "describe_exit", "exit_status", "signal_name", "start_rank", "take_pipes",
+    "RankProcess",
+    "describe_exit",
+    "exit_status",
+    "signal_name",
+    "start_rank",
+    "take_pipes",
 ]
 
 _PR_SET_PDEATHSIG = 1
@@ -111,9 +116,7 @@ class RankProcess:
             os.killpg(self.pid, signum)
 
 
-def start_rank(
-    rank: int, command: Sequence[str], env: Mapping[str, str]
-) -> RankProcess:
+def start_rank(rank: int, command: Sequence[str], env: Mapping[str, str]) -> RankProcess:
     """Start one rank with piped stdout/stderr; raises OSError if it cannot start."""
     proc = subprocess.Popen(
         list(command),

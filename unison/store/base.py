@@ -83,9 +83,7 @@ class Store(abc.ABC):
     @staticmethod
     def _check_value(value: object) -> bytes:
         if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError(
-                f"store values are bytes, got {type(value).__name__}"
-            )
+            raise InvalidArgumentError(f"store values are bytes, got {type(value).__name__}")
         return bytes(value)
 
     @staticmethod
@@ -111,9 +109,7 @@ def missing_keys_error(where: str, keys: Sequence[str], timeout: float) -> Store
     shown = ", ".join(repr(k) for k in list(keys)[:8])
     more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
     noun = "key" if len(keys) == 1 else "keys"
-    return StoreTimeoutError(
-        f"{where}: {noun} {shown}{more} not set within {timeout:g} s"
-    )
+    return StoreTimeoutError(f"{where}: {noun} {shown}{more} not set within {timeout:g} s")
 
 
 def deadline_after(timeout: float) -> float:

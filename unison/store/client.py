@@ -106,9 +106,11 @@ class TCPStore(Store):
         with self._lock:
             if self._broken is not None:
                 raise StoreError(f"connection to {self._where} is unusable: {self._broken}")
-            frame = p.HEADER.pack(len(body)) + p.mac(
-                self._secret, p.C2S, self._nonce, self._tx, body
-            ) + body
+            frame = (
+                p.HEADER.pack(len(body))
+                + p.mac(self._secret, p.C2S, self._nonce, self._tx, body)
+                + body
+            )
             self._tx += 1
             try:
                 self._sock.settimeout(max(self.timeout, 1.0) + wait + _ANSWER_GRACE)

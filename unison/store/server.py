@@ -40,8 +40,17 @@ _MIN_RATE = 1 << 20  # bytes/s an authenticated peer is granted for a large fram
 
 class _Conn:
     __slots__ = (
-        "authed", "closing", "frame_started", "inbuf", "nonce", "outbuf",
-        "parked", "peer", "rx", "sock", "tx",
+        "authed",
+        "closing",
+        "frame_started",
+        "inbuf",
+        "nonce",
+        "outbuf",
+        "parked",
+        "peer",
+        "rx",
+        "sock",
+        "tx",
     )
 
     def __init__(self, sock: socket.socket, peer: str, now: float) -> None:
@@ -236,8 +245,9 @@ class TCPStoreServer:
         """Drop the oldest unauthenticated connection to make room; False if none."""
         for conn in self._conns.values():  # dicts keep insertion order: oldest first
             if not conn.authed:
-                _log.warning("store: at %d connections; dropping unauthenticated %s",
-                             self._max, conn.peer)
+                _log.warning(
+                    "store: at %d connections; dropping unauthenticated %s", self._max, conn.peer
+                )
                 self._drop(conn)
                 return True
         return False
@@ -291,16 +301,19 @@ class TCPStoreServer:
         consumed = False
         while conn.inbuf and conn.sock.fileno() >= 0:
             if conn.parked is not None:
-                _log.warning("store: %s sent a request while one was pending; closing",
-                             conn.peer)
+                _log.warning("store: %s sent a request while one was pending; closing", conn.peer)
                 self._drop(conn)
                 return
             if len(conn.inbuf) < p.HEADER.size:
                 break
             (length,) = p.HEADER.unpack_from(conn.inbuf)
             if length > p.MAX_FRAME:
-                _log.warning("store: %s announced a %d-byte frame (limit %d); closing",
-                             conn.peer, length, p.MAX_FRAME)
+                _log.warning(
+                    "store: %s announced a %d-byte frame (limit %d); closing",
+                    conn.peer,
+                    length,
+                    p.MAX_FRAME,
+                )
                 self._drop(conn)
                 return
             end = p.HEADER.size + p.MAC_LEN + length
@@ -310,8 +323,11 @@ class TCPStoreServer:
             body = bytes(conn.inbuf[p.HEADER.size + p.MAC_LEN : end])
             del conn.inbuf[:end]
             if not p.verify(self._secret, p.C2S, conn.nonce, conn.rx, body, tag):
-                _log.warning("store: frame from %s failed authentication "
-                             "(wrong job secret or replay); closing", conn.peer)
+                _log.warning(
+                    "store: frame from %s failed authentication "
+                    "(wrong job secret or replay); closing",
+                    conn.peer,
+                )
                 with contextlib.suppress(OSError):
                     conn.sock.send(p.REJECT)
                 self._drop(conn)

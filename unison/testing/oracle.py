@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -11,12 +12,18 @@ from .._types import ReduceOp
 __all__ = ["reduce_oracle"]
 
 
-def reduce_oracle(arrays: Sequence[np.ndarray], op: ReduceOp) -> np.ndarray:
+def reduce_oracle(arrays: Sequence[np.ndarray], op: ReduceOp) -> Any:
     """Reduce ``arrays`` (one per rank) with ``op`` the way unison defines it."""
     a = np.stack([np.asarray(x) for x in arrays])
     if a.dtype == np.bool_:
-        fn = {ReduceOp.SUM: np.any, ReduceOp.MAX: np.any, ReduceOp.BOR: np.any,
-              ReduceOp.PRODUCT: np.all, ReduceOp.MIN: np.all, ReduceOp.BAND: np.all}.get(op)
+        fn = {
+            ReduceOp.SUM: np.any,
+            ReduceOp.MAX: np.any,
+            ReduceOp.BOR: np.any,
+            ReduceOp.PRODUCT: np.all,
+            ReduceOp.MIN: np.all,
+            ReduceOp.BAND: np.all,
+        }.get(op)
         if fn is not None:
             return fn(a, axis=0)
         if op is ReduceOp.BXOR:
@@ -34,6 +41,9 @@ def reduce_oracle(arrays: Sequence[np.ndarray], op: ReduceOp) -> np.ndarray:
         return a.min(axis=0)
     if op is ReduceOp.MAX:
         return a.max(axis=0)
-    ufunc = {ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
-             ReduceOp.BXOR: np.bitwise_xor}[op]
+    ufunc = {
+        ReduceOp.BAND: np.bitwise_and,
+        ReduceOp.BOR: np.bitwise_or,
+        ReduceOp.BXOR: np.bitwise_xor,
+    }[op]
     return ufunc.reduce(a, axis=0)

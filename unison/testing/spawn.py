@@ -54,8 +54,15 @@ class ChildFailed(AssertionError):
         super().__init__("\n".join(bad))
 
 
-def _child(fn: Callable[..., Any], rank: int, size: int, env: dict[str, str],
-           args: tuple[Any, ...], conn: Connection, init: bool) -> None:
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    size: int,
+    env: dict[str, str],
+    args: tuple[Any, ...],
+    conn: Connection,
+    init: bool,
+) -> None:
     os.environ.update(env)
     os.environ[C.ENV_RANK] = str(rank)
     import unison
@@ -66,33 +73,49 @@ def _child(fn: Callable[..., Any], rank: int, size: int, env: dict[str, str],
             unison.init()
         value = fn(*args)
         out = Outcome(rank, True, value)
-    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+    except BaseException as exc:
         out = Outcome(rank, False, None, type(exc).__name__, str(exc), traceback.format_exc())
     finally:
         try:
             unison.shutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     out.elapsed = time.monotonic() - start
     try:
         conn.send(out)
-    except Exception:  # noqa: BLE001 - an unpicklable return value
-        conn.send(Outcome(rank, out.ok, repr(out.value), out.error_type, out.message,
-                          out.traceback, elapsed=out.elapsed))
+    except Exception:
+        conn.send(
+            Outcome(
+                rank,
+                out.ok,
+                repr(out.value),
+                out.error_type,
+                out.message,
+                out.traceback,
+                elapsed=out.elapsed,
+            )
+        )
     conn.close()
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
-              timeout: float = 60.0, env: Mapping[str, str] | None = None,
-              start_method: str = "fork", init: bool = True,
-              on_start: Callable[[list[Any]], None] | None = None) -> list[Outcome]:
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    args: Sequence[Any] = (),
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+    start_method: str = "fork",
+    init: bool = True,
+    on_start: Callable[[list[Any]], None] | None = None,
+) -> list[Outcome]:
     """Run ``fn(*args)`` on ``world_size`` processes; every rank's outcome, in rank order.
 
     ``on_start(processes)`` runs in the parent once the children are started (fault
     tests use it to kill or stop one). Children still running at ``timeout`` are
     killed and reported with ``error_type='Timeout'``.
     """
-    ctx = mp.get_context(start_method)
+    ctx: Any = mp.get_context(start_method)
     secret = secrets.token_bytes(32)
     server = TCPStoreServer("127.0.0.1", 0, secret).start()
     host, port = server.address
@@ -107,8 +130,12 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
     try:
         for r in range(world_size):
             parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(fn, r, world_size, job_env, tuple(args), child,
-                                                 init), name=f"unison-rank-{r}", daemon=True)
+            p = ctx.Process(
+                target=_child,
+                args=(fn, r, world_size, job_env, tuple(args), child, init),
+                name=f"unison-rank-{r}",
+                daemon=True,
+            )
             p.start()
             child.close()
             procs.append(p)
@@ -119,16 +146,19 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
         deadline = time.monotonic() + timeout
         waiting = {pipes[r]: r for r in range(world_size)}
         while waiting and time.monotonic() < deadline:
-            for conn in wait(list(waiting), timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
-                r = waiting.pop(conn)  # type: ignore[call-overload]
+            for conn in wait(
+                list(waiting), timeout=min(0.5, max(0.0, deadline - time.monotonic()))
+            ):
+                r = waiting.pop(conn)
                 try:
-                    outcomes[r] = conn.recv()  # type: ignore[union-attr]
+                    outcomes[r] = conn.recv()  # type: ignore[union-attr,call-arg,assignment]
                 except EOFError:
                     procs[r].join(5)
                     outcomes[r] = Outcome(r, False, exitcode=procs[r].exitcode)
         for r in waiting.values():
-            outcomes[r] = Outcome(r, False, error_type="Timeout",
-                                  message=f"still running after {timeout:g}s; killed")
+            outcomes[r] = Outcome(
+                r, False, error_type="Timeout", message=f"still running after {timeout:g}s; killed"
+            )
         return [outcomes[r] for r in range(world_size)]
     finally:
         for p in procs:
@@ -144,15 +174,20 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = 
         server.close()
 
 
-def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
-          timeout: float = 60.0, env: Mapping[str, str] | None = None,
-          start_method: str = "fork") -> list[Any]:
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    args: Sequence[Any] = (),
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+    start_method: str = "fork",
+) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` ranks; return values in rank order.
 
     Raises :class:`ChildFailed` (an AssertionError) naming every rank that failed.
     """
-    outs = run_ranks(fn, world_size, args=args, timeout=timeout, env=env,
-                     start_method=start_method)
+    outs = run_ranks(fn, world_size, args=args, timeout=timeout, env=env, start_method=start_method)
     if not all(o.ok for o in outs):
         raise ChildFailed(outs)
     return [o.value for o in outs]

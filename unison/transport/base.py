@@ -38,6 +38,8 @@ class Events:
 
     peer_lost: Callable[[int, str, bool], None]  # (peer, reason, graceful)
     abort: Callable[[int, dict[str, object]], None]  # (peer, decoded ABORT payload)
+    #: a collective frame nobody was waiting for yet: (peer, key, sender's signature)
+    unexpected: Callable[[int, Key, OpSig], None] = lambda peer, key, sig: None
 
 
 class Transport(abc.ABC):

@@ -71,8 +71,20 @@ class FrameError(ValueError):
 
 def pack(kind: int, group: int, seq: int, tag: int, sig: OpSig, length: int) -> bytes:
     return HEADER.pack(
-        MAGIC, VERSION, kind, sig.op, sig.dtype, sig.redop, 0,
-        group, tag, seq, sig.root, 0, sig.count, length,
+        MAGIC,
+        VERSION,
+        kind,
+        sig.op,
+        sig.dtype,
+        sig.redop,
+        0,
+        group,
+        tag,
+        seq,
+        sig.root,
+        0,
+        sig.count,
+        length,
     )
 
 
@@ -80,8 +92,9 @@ def unpack(data: bytes | bytearray | memoryview) -> Frame:
     """Parse a header; raises :class:`FrameError` for anything malformed."""
     if len(data) != HEADER.size:
         raise FrameError(f"header must be {HEADER.size} bytes, got {len(data)}")
-    (magic, version, kind, op, dtype, redop, _flags, group, tag, seq, root, _r,
-     count, length) = HEADER.unpack(data)
+    (magic, version, kind, op, dtype, redop, _flags, group, tag, seq, root, _r, count, length) = (
+        HEADER.unpack(data)
+    )
     if magic != MAGIC:
         raise FrameError(f"bad magic 0x{magic:04x}")
     if version != VERSION:

@@ -54,7 +54,11 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
 
 
 def connect_handshake(
-    sock: socket.socket, secret: bytes, job: bytes, my_rank: int, peer_rank: int,
+    sock: socket.socket,
+    secret: bytes,
+    job: bytes,
+    my_rank: int,
+    peer_rank: int,
     deadline: float,
 ) -> None:
     nonce_c = secrets.token_bytes(16)
@@ -71,8 +75,9 @@ def connect_handshake(
     sock.sendall(_mac(secret, b"con", nonce_a, nonce_c, job, ranks))
 
 
-def accept_handshake(sock: socket.socket, secret: bytes, job: bytes, my_rank: int,
-                     size: int, deadline: float) -> int:
+def accept_handshake(
+    sock: socket.socket, secret: bytes, job: bytes, my_rank: int, size: int, deadline: float
+) -> int:
     """Authenticate an incoming connection; returns the connector's rank."""
     magic, their_job, rank_c, nonce_c = _HELLO.unpack(_recv_exact(sock, _HELLO.size, deadline))
     if magic != _MAGIC:

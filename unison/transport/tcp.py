@@ -36,6 +36,11 @@ _POLL = 1.0  # bounded poll of socket operations, so threads notice shutdown
 _MAX_CONTROL = 1 << 20
 
 
+def _bytes_view(arr: np.ndarray) -> memoryview:
+    """A writable byte memoryview of a contiguous array (no copy)."""
+    return memoryview(arr).cast("B")  # type: ignore[arg-type]
+
+
 def _sig_matches(a: OpSig, b: OpSig) -> bool:
     return a == b
 
@@ -102,7 +107,9 @@ class TcpTransport(Transport):
             conn.queue.append((req, hdr, deadline))
             if conn.sender is None:
                 conn.sender = threading.Thread(
-                    target=self._send_loop, args=(conn,), name=f"unison-tcp-send-{peer}",
+                    target=self._send_loop,
+                    args=(conn,),
+                    name=f"unison-tcp-send-{peer}",
                     daemon=True,
                 )
                 conn.sender.start()
@@ -122,7 +129,7 @@ class TcpTransport(Transport):
         """Write one frame; the caller holds ``conn.send_lock``."""
         parts: list[memoryview] = [memoryview(hdr)]
         if view is not None and view.nbytes:
-            parts.append(memoryview(view).cast("B"))
+            parts.append(_bytes_view(view))
         while parts:
             try:
                 sent = conn.sock.sendmsg(parts)
@@ -191,10 +198,12 @@ class TcpTransport(Transport):
     @staticmethod
     def _mismatch(req: Request, sig: OpSig, length: int) -> MismatchError:
         req.sender_sig = sig
-        return MismatchError(
+        err = MismatchError(
             f"rank {req.peer} sent {length} bytes for a message of {req.nbytes} bytes",
             ranks=(req.peer,),
         )
+        err.sender_sig = sig  # type: ignore[attr-defined]
+        return err
 
     def _deliver_copy(self, req: Request, msg: Unexpected) -> None:
         if len(msg.data) != req.nbytes or not _sig_matches(req.sig, msg.sig):
@@ -248,6 +257,8 @@ class TcpTransport(Transport):
                     req = self.matcher.add_unexpected(conn.peer, key, Unexpected(data, frame.sig))
                     if req is not None:
                         self._deliver_copy(req, Unexpected(data, frame.sig))
+                    elif frame.kind is Kind.COLL:
+                        self.events.unexpected(conn.peer, key, frame.sig)
                     continue
                 if frame.length != req.nbytes or not _sig_matches(req.sig, frame.sig):
                     err = self._mismatch(req, frame.sig, frame.length)
@@ -256,7 +267,7 @@ class TcpTransport(Transport):
                     req.complete(err)
                     continue
                 if req.nbytes and req.view is not None:
-                    if not self._recv_into(conn, memoryview(req.view).cast("B")):
+                    if not self._recv_into(conn, _bytes_view(req.view)):
                         req.complete(self._lost_error(conn, "closed mid-message"))
                         break
                 req.complete()

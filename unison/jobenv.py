@@ -30,9 +30,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .. import config as C
-from ..errors import InvalidArgumentError
-from ..log import get_logger
+from . import config as C
+from .errors import InvalidArgumentError
+from .log import get_logger
 
 __all__ = [
     "FAILURE_KEY",
@@ -50,7 +50,7 @@ _log = get_logger("launch")
 #: store key (unprefixed, on the job's root store) where rank ``r`` records its failure
 FAILURE_KEY = "unison/failure/{rank}"
 
-_ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob of unison.config
+
 SLURM_PORT_BASE = 20000
 SLURM_PORT_SPAN = 10000
 
@@ -148,7 +148,9 @@ def _derived_secret(identity: str) -> bytes:
     _log.warning(
         "no %s set: deriving the store secret from the job identity (%s); the store is "
         "only as private as that identity. Export %s=<hex> on every rank for a real secret.",
-        C.ENV_SECRET, identity, C.ENV_SECRET,
+        C.ENV_SECRET,
+        identity,
+        C.ENV_SECRET,
     )
     return hashlib.sha256(b"unison-derived-secret\0" + identity.encode()).digest()
 
@@ -226,16 +228,23 @@ def _from_unison(env: Mapping[str, str]) -> JobInfo | None:
         return None
     if rank is None or size is None:
         missing = C.ENV_RANK if rank is None else C.ENV_SIZE
-        raise InvalidArgumentError(f"{missing} is not set (both {C.ENV_RANK} and "
-                                   f"{C.ENV_SIZE} are needed)")
+        raise InvalidArgumentError(
+            f"{missing} is not set (both {C.ENV_RANK} and {C.ENV_SIZE} are needed)"
+        )
     _check_rank(rank, size, C.ENV_RANK, C.ENV_SIZE)
     return JobInfo(
-        rank=rank, size=size,
-        local_rank=_int(env, C.ENV_LOCAL_RANK), local_size=_int(env, C.ENV_LOCAL_SIZE, minimum=1),
-        cross_rank=_int(env, C.ENV_CROSS_RANK), cross_size=_int(env, C.ENV_CROSS_SIZE, minimum=1),
-        store_addr=None, store_path=None, secret=None,
+        rank=rank,
+        size=size,
+        local_rank=_int(env, C.ENV_LOCAL_RANK),
+        local_size=_int(env, C.ENV_LOCAL_SIZE, minimum=1),
+        cross_rank=_int(env, C.ENV_CROSS_RANK),
+        cross_size=_int(env, C.ENV_CROSS_SIZE, minimum=1),
+        store_addr=None,
+        store_path=None,
+        secret=None,
         job_id=env.get(C.ENV_JOB_ID, "").strip() or "unison",
-        host_store=False, source="unison",
+        host_store=False,
+        source="unison",
     )
 
 
@@ -260,11 +269,18 @@ def _from_torchrun(env: Mapping[str, str]) -> JobInfo | None:
     run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
     job_id = f"torchrun-{run_id}" if run_id else f"torchrun-{master}-{port}"
     return JobInfo(
-        rank=rank, size=size,
-        local_rank=_int(env, "LOCAL_RANK"), local_size=local_size,
-        cross_rank=_int(env, "GROUP_RANK"), cross_size=cross_size,
-        store_addr=addr, store_path=None, secret=None, job_id=job_id,
-        host_store=rank == 0 and addr is not None, source="torchrun",
+        rank=rank,
+        size=size,
+        local_rank=_int(env, "LOCAL_RANK"),
+        local_size=local_size,
+        cross_rank=_int(env, "GROUP_RANK"),
+        cross_size=cross_size,
+        store_addr=addr,
+        store_path=None,
+        secret=None,
+        job_id=job_id,
+        host_store=rank == 0 and addr is not None,
+        source="torchrun",
     )
 
 
@@ -284,11 +300,18 @@ def _from_openmpi(env: Mapping[str, str]) -> JobInfo | None:
     _check_rank(rank, size, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
     job = _mpi_job(env, "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid")
     return JobInfo(
-        rank=rank, size=size,
+        rank=rank,
+        size=size,
         local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
         local_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1),
-        cross_rank=None, cross_size=None, store_addr=None, store_path=None, secret=None,
-        job_id=f"ompi-{job}" if job else "", host_store=False, source="openmpi",
+        cross_rank=None,
+        cross_size=None,
+        store_addr=None,
+        store_path=None,
+        secret=None,
+        job_id=f"ompi-{job}" if job else "",
+        host_store=False,
+        source="openmpi",
     )
 
 
@@ -299,10 +322,18 @@ def _from_pmi(env: Mapping[str, str]) -> JobInfo | None:
     _check_rank(rank, size, "PMI_RANK", "PMI_SIZE")
     job = _mpi_job(env, "PMI_JOBID", "PMIX_NAMESPACE", "PMI_KVSNAME", "SLURM_JOB_ID")
     return JobInfo(
-        rank=rank, size=size,
-        local_rank=_int(env, "MPI_LOCALRANKID"), local_size=_int(env, "MPI_LOCALNRANKS", minimum=1),
-        cross_rank=None, cross_size=None, store_addr=None, store_path=None, secret=None,
-        job_id=f"pmi-{job}" if job else "", host_store=False, source="pmi",
+        rank=rank,
+        size=size,
+        local_rank=_int(env, "MPI_LOCALRANKID"),
+        local_size=_int(env, "MPI_LOCALNRANKS", minimum=1),
+        cross_rank=None,
+        cross_size=None,
+        store_addr=None,
+        store_path=None,
+        secret=None,
+        job_id=f"pmi-{job}" if job else "",
+        host_store=False,
+        source="pmi",
     )
 
 
@@ -338,9 +369,18 @@ def _from_slurm(env: Mapping[str, str]) -> JobInfo | None:
             break
     addr, job_id = _slurm_store(env)
     return JobInfo(
-        rank=rank, size=size, local_rank=_int(env, "SLURM_LOCALID"), local_size=local_size,
-        cross_rank=node, cross_size=cross_size, store_addr=addr, store_path=None, secret=None,
-        job_id=job_id, host_store=rank == 0, source="slurm",
+        rank=rank,
+        size=size,
+        local_rank=_int(env, "SLURM_LOCALID"),
+        local_size=local_size,
+        cross_rank=node,
+        cross_size=cross_size,
+        store_addr=addr,
+        store_path=None,
+        secret=None,
+        job_id=job_id,
+        host_store=rank == 0,
+        source="slurm",
     )
 
 
@@ -368,7 +408,11 @@ def detect_job(
         _check_rank(rank, size, "rank", "size")
         same = (rank, size) == (info.rank, info.size)
         info = dataclasses.replace(
-            info, rank=rank, size=size, source="explicit", host_store=info.host_store and same,
+            info,
+            rank=rank,
+            size=size,
+            source="explicit",
+            host_store=info.host_store and same,
             job_id="" if info.source == "single" else info.job_id,
         )
         if not same:
@@ -382,11 +426,18 @@ def detect_job(
     if env.get(C.ENV_STORE_ADDR, "").strip():
         addr, host_store = parse_store_addr(env[C.ENV_STORE_ADDR]), False
     if store_addr is not None:
-        addr = parse_store_addr(store_addr, "store_addr") if isinstance(store_addr, str) \
+        addr = (
+            parse_store_addr(store_addr, "store_addr")
+            if isinstance(store_addr, str)
             else (str(store_addr[0]), int(store_addr[1]))
+        )
         host_store = info.source == "explicit" and info.rank == 0
-    if addr is None and info.source in ("openmpi", "pmi") and "SLURM_PROCID" in env \
-            and env.get("SLURM_PROCID", "").strip() == str(info.rank):
+    if (
+        addr is None
+        and info.source in ("openmpi", "pmi")
+        and "SLURM_PROCID" in env
+        and env.get("SLURM_PROCID", "").strip() == str(info.rank)
+    ):
         addr, slurm_id = _slurm_store(env)  # srun launched us: rank 0 hosts a TCP store
         host_store = info.rank == 0
         info = dataclasses.replace(info, job_id=info.job_id or slurm_id)
@@ -394,7 +445,7 @@ def detect_job(
     # store path, for conventions with no address at all
     path = None
     if addr is None and info.size > 1:
-        path = env.get(_ENV_STORE_PATH, "").strip() or None
+        path = env.get(C.ENV_STORE_PATH, "").strip() or None
         if path is None:
             if not info.job_id:
                 raise InvalidArgumentError(
@@ -403,8 +454,11 @@ def detect_job(
                 )
             path = f"/tmp/unison-{info.job_id}"
             if info.local_size is not None and info.local_size < info.size:
-                _log.warning("job spans hosts but the file store %s is host-local; set "
-                             "UNISON_STORE_PATH to a shared directory", path)
+                _log.warning(
+                    "job spans hosts but the file store %s is host-local; set "
+                    "UNISON_STORE_PATH to a shared directory",
+                    path,
+                )
     job_id = info.job_id or f"{info.source}-job"
 
     # secret: explicit > UNISON_SECRET > derived from the job identity
@@ -414,5 +468,11 @@ def detect_job(
         key = _derived_secret(f"{info.source}:{job_id}:{info.size}:{where}")
     if secret is not None and not secret:
         raise InvalidArgumentError("secret= must not be empty")
-    return dataclasses.replace(info, store_addr=addr, store_path=path, secret=key, job_id=job_id,
-                    host_store=host_store and addr is not None)
+    return dataclasses.replace(
+        info,
+        store_addr=addr,
+        store_path=path,
+        secret=key,
+        job_id=job_id,
+        host_store=host_store and addr is not None,
+    )

@@ -1,0 +1,140 @@
+"""Errors: bad input, mismatched calls, dead and silent peers — never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import unison as un
+from unison.testing import run_ranks, spawn
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_calls_before_init_raise() -> None:
+    with pytest.raises(un.NotInitializedError, match="init"):
+        un.all_reduce(np.zeros(3))
+    with pytest.raises(un.NotInitializedError):
+        un.rank()
+
+
+def _invalid() -> None:
+    p = un.size()
+    cases = [
+        (lambda: un.all_reduce(np.zeros((4, 4))[:, 0]), "contiguous"),
+        (lambda: un.all_reduce(np.zeros(4), op=un.ReduceOp.BXOR), "integer or bool"),
+        (lambda: un.all_reduce(np.zeros(4, np.complex64)), "unsupported dtype"),
+        (lambda: un.all_reduce([1, 2, 3]), "numpy array or a torch tensor"),
+        (lambda: un.broadcast(np.zeros(4), src=p), "not a rank"),
+        (lambda: un.all_gather([np.zeros(4)], np.zeros(4)), "entries"),
+        (lambda: un.all_gather([np.zeros(3)] * p, np.zeros(4)), "elements"),
+        (lambda: un.all_gather_into_tensor(np.zeros(4), np.zeros(4)), "must hold"),
+        (lambda: un.reduce_scatter(np.zeros(2), [np.zeros(2, np.int32)] * p), "int32"),
+        (lambda: un.all_to_all_single(np.zeros(5), np.zeros(5)), "divisible"),
+        (
+            lambda: (
+                un.gather(np.zeros(1), None, dst=0)
+                if un.rank() == 0
+                else un.gather(np.zeros(1), [np.zeros(1)] * p, dst=0)
+            ),
+            "root",
+        ),
+        (lambda: un.all_reduce(np.zeros(3), op="sum"), "ReduceOp"),
+    ]
+    for fn, text in cases:
+        with pytest.raises(un.InvalidArgumentError, match=text):
+            fn()
+    x = np.ones(4)
+    un.all_reduce(x)  # nothing was sent by the bad calls: the group still works
+    assert (x == p).all()
+
+
+def test_invalid_arguments_raise_before_anything_is_sent() -> None:
+    spawn(_invalid, 2)
+
+
+def _mismatch(kind: str) -> str:
+    r = un.rank()
+    try:
+        if kind == "op":
+            if r == 0:
+                un.all_reduce(np.zeros(10, np.float32))
+            else:
+                un.broadcast(np.zeros(10, np.float32), src=1)
+        elif kind == "count":
+            un.all_reduce(np.zeros(10 + r, np.float32))
+        elif kind == "dtype":
+            un.all_reduce(np.zeros(10, np.float32 if r == 0 else np.float64))
+        elif kind == "root":
+            un.broadcast(np.zeros(10), src=0 if r != 1 else 1)
+        elif kind == "redop":
+            un.all_reduce(np.zeros(10), op=un.ReduceOp.SUM if r == 0 else un.ReduceOp.MAX)
+    except un.MismatchError as exc:
+        return str(exc)
+    raise AssertionError("no mismatch detected")
+
+
+@pytest.mark.parametrize("kind", ["op", "count", "dtype", "redop", "root"])
+def test_mismatched_calls_raise_on_every_rank(kind: str) -> None:
+    start = time.monotonic()
+    msgs = spawn(_mismatch, 3, args=(kind,), env={"UNISON_TIMEOUT": "20"})
+    assert time.monotonic() - start < 15, "mismatch found only by the timeout"
+    for m in msgs:
+        assert "mismatch" in m, m
+        assert "called" in m or "sizes" in m, m
+    if kind == "op":
+        assert any("all_reduce" in m and "broadcast" in m for m in msgs), msgs
+    if kind == "root":
+        assert any("root=0" in m and "root=1" in m for m in msgs), msgs
+
+
+def _dies() -> None:
+    r = un.rank()
+    un.barrier()
+    if r == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        un.all_reduce(np.ones(1_000_000, np.float32))
+    except un.CommunicationError as exc:
+        assert time.monotonic() - start < 5, "took too long to notice"
+        assert "rank 1" in str(exc), str(exc)
+        # the group is now refused, not hung
+        with pytest.raises(un.CommunicationError, match="unusable"):
+            un.barrier()
+        return
+    raise AssertionError("the dead rank went unnoticed")
+
+
+def test_dead_peer_fails_every_survivor_promptly() -> None:
+    outs = run_ranks(_dies, 3, env={"UNISON_TIMEOUT": "60"}, timeout=40)
+    assert outs[1].exitcode == -signal.SIGKILL or not outs[1].ok
+    for o in (outs[0], outs[2]):
+        assert o.ok, o.describe()
+
+
+def _silent() -> tuple[str, float]:
+    r = un.rank()
+    un.barrier()
+    if r == 2:
+        time.sleep(6)
+    start = time.monotonic()
+    try:
+        un.all_reduce(np.ones(16))
+    except un.CommunicationError as exc:
+        return type(exc).__name__ + ": " + str(exc), time.monotonic() - start
+    return "no error", 0.0
+
+
+def test_silent_peer_times_out_naming_it() -> None:
+    outs = spawn(_silent, 3, env={"UNISON_TIMEOUT": "2"}, timeout=40)
+    kinds = [o[0] for o in outs]
+    assert all(k.startswith("CollectiveTimeoutError") and "rank 2 did not answer" in k for k in kinds[:2]), kinds
+    for text, took in outs[:2]:
+        assert "all_reduce #2" in text, text
+        assert took < 10
+    assert outs[2][0].startswith(("AbortedError", "CollectiveTimeoutError")), outs[2]
