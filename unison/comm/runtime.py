@@ -10,14 +10,11 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-import numpy as np
-
-from ..algorithms import Choice, Link, choose
+from ..algorithms import Choice, choose
 from ..bootstrap import advertise_address, connect_mesh
 from ..config import Config, load_config
 from ..errors import (
@@ -32,9 +29,8 @@ from ..jobenv import FAILURE_KEY, JobInfo, detect_job, failure_record
 from ..log import configure, get_logger, set_rank
 from ..store import FileStore, Store, TCPStore, TCPStoreServer
 from ..transport.base import Events, Key, PeerInfo
+from ..transport.fabric import Fabric
 from ..transport.framing import OpSig
-from ..transport.request import Request
-from ..transport.tcp import TcpTransport
 from .communicator import Communicator
 
 __all__ = ["Runtime", "current", "init", "is_initialized", "shutdown"]
@@ -64,8 +60,8 @@ class Runtime:
         self.server: TCPStoreServer | None = None
         self.store: Store | None = None
         events = Events(self._on_peer_lost, self._on_abort, self._on_unexpected)
-        self.transport = TcpTransport(job.rank, events, config.inline_send_bytes)
-        self.link = Link(self.transport.alpha, self.transport.beta)
+        self.fabric = Fabric(job.rank, events, config)
+        self.link = self.fabric.link()
         self.overrides = config.algo_overrides()
         self.groups: dict[int, Communicator] = {}
         self._next_gid = 1
@@ -91,8 +87,10 @@ class Runtime:
                 bind=cfg.bind_addr,
                 timeout=cfg.timeout,
                 epoch=self.epoch,
-                adopt=self.transport.attach,
+                adopt=self.fabric.adopt,
             )
+            self.fabric.finish(self.infos)
+            self.link = self.fabric.link()
             self.local_rank, self.local_size, self.cross_rank, self.cross_size = _layout(
                 self.infos, self.rank
             )
@@ -117,25 +115,16 @@ class Runtime:
             "`unison run`, or set UNISON_STORE_ADDR / MASTER_ADDR+MASTER_PORT"
         )
 
-    # --- routing (the algorithms' Router) ---------------------------------------------------
-    def isend(self, peer: int, key: Key, view: np.ndarray, sig: OpSig, deadline: float) -> Request:
-        return self.transport.isend(peer, key, view, sig, deadline)
-
-    def irecv(self, peer: int, key: Key, view: np.ndarray, sig: OpSig) -> Request:
-        return self.transport.irecv(peer, key, view, sig)
-
-    def cancel(self, peer: int, req: Request) -> None:
-        self.transport.cancel(req)
-
+    # --- routing: the fabric is the algorithms' Router ------------------------------------
     @property
-    def router(self) -> Runtime:
-        return self
+    def router(self) -> Fabric:
+        return self.fabric
 
     def send_control(self, peer: int, ctl: int, payload: bytes) -> None:
-        self.transport.send_control(peer, ctl, payload)
+        self.fabric.send_control(peer, ctl, payload)
 
     def forget(self, group: int, seq: int) -> None:
-        self.transport.forget(group, seq)
+        self.fabric.forget(group, seq)
 
     def choose(self, coll: str, p: int, nbytes: int) -> Choice:
         return choose(coll, p, nbytes, self.link, self.overrides)
@@ -211,16 +200,14 @@ class Runtime:
     def close(self) -> None:
         for comm in list(self.groups.values()):
             comm.close()
-        self.transport.close()
+        self.fabric.close()
         if self.store is not None:
             try:
-                self.store.add(f"unison/{self.epoch}/down", 1)
+                down = f"unison/{self.epoch}/down"
+                if self.store.add(down, 1) >= self.size:
+                    self.store.set(f"{down}/all", b"1")
                 if self.server is not None:  # keep serving until every rank has left
-                    deadline = time.monotonic() + 10
-                    while time.monotonic() < deadline:
-                        if self.store.add(f"unison/{self.epoch}/down", 0) >= self.size:
-                            break
-                        time.sleep(0.05)
+                    self.store.wait([f"{down}/all"], timeout=10)
             except Exception:
                 pass
             self.store.close()
