@@ -133,7 +133,9 @@ def _silent() -> tuple[str, float]:
 def test_silent_peer_times_out_naming_it() -> None:
     outs = spawn(_silent, 3, env={"UNISON_TIMEOUT": "2"}, timeout=40)
     kinds = [o[0] for o in outs]
-    assert all(k.startswith("CollectiveTimeoutError") and "rank 2 did not answer" in k for k in kinds[:2]), kinds
+    assert all(
+        k.startswith("CollectiveTimeoutError") and "rank 2 did not answer" in k for k in kinds[:2]
+    ), kinds
     for text, took in outs[:2]:
         assert "all_reduce #2" in text, text
         assert took < 10

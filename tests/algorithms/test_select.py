@@ -1,0 +1,45 @@
+"""Algorithm choice by cost, and UNISON_ALGO overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from unison.algorithms import REGISTRY, Link, choose
+from unison.config import load_config
+from unison.errors import InvalidArgumentError, UnsupportedError
+
+LINK = Link(alpha=40e-6, beta=1 / 1.5e9, gamma=1 / 4e9)
+
+
+def test_small_messages_pick_recursive_doubling_large_pick_ring() -> None:
+    assert choose("allreduce", 8, 8, LINK, {}).name == "recursive_doubling"
+    assert choose("allreduce", 8, 64 << 20, LINK, {}).name == "ring"
+
+
+def test_every_algorithm_has_cost_and_supports() -> None:
+    for coll, mods in REGISTRY.items():
+        for m in mods:
+            for p in (1, 2, 3, 8, 64):
+                assert m.supports(p, 1024) in (True, False)
+                assert m.cost(p, 1024, LINK) >= 0, (coll, m.NAME)
+
+
+def test_costs_follow_the_alpha_beta_model() -> None:
+    from unison.algorithms import allreduce_ring
+
+    p, n = 4, 1 << 20
+    want = 2 * 3 * LINK.alpha + 2 * 0.75 * n * LINK.beta + 0.75 * n * LINK.gamma
+    assert allreduce_ring.cost(p, n, LINK) == pytest.approx(want)
+
+
+def test_override_forces_and_rejects_unknown() -> None:
+    assert choose("allreduce", 8, 64 << 20, LINK, {"allreduce": "recursive_doubling"}).forced
+    with pytest.raises(UnsupportedError, match="known allreduce algorithms: ring"):
+        choose("allreduce", 8, 8, LINK, {"allreduce": "nope"})
+
+
+def test_algo_knob_parsing() -> None:
+    cfg = load_config({"UNISON_ALGO": "allreduce:ring, broadcast:binomial"})
+    assert cfg.algo_overrides() == {"allreduce": "ring", "broadcast": "binomial"}
+    with pytest.raises(InvalidArgumentError, match="collective:algorithm"):
+        load_config({"UNISON_ALGO": "ring"})
