@@ -58,7 +58,7 @@ def test_dissemination_informs_everyone(p: int) -> None:
     for k in range(len(rounds)):
         snap = {r: set(v) for r, v in know.items()}
         for r in range(p):
-            dst, src = s.dissemination_peers(r, p)[k]
+            _, src = s.dissemination_peers(r, p)[k]
             assert s.dissemination_peers(src, p)[k][0] == r
             know[r] |= snap[src]
     assert all(v == set(range(p)) for v in know.values())

@@ -51,7 +51,7 @@ def test_random_headers_are_rejected_or_parsed_never_crash(data: bytes) -> None:
 
 def test_huge_length_is_refused_before_allocation() -> None:
     raw = bytearray(F.pack(F.Kind.P2P, 0, 0, 0, F.OpSig(), 0))
-    F.HEADER.pack_into(raw, 0, *(list(F.HEADER.unpack(raw))[:-1] + [2**62]))
+    F.HEADER.pack_into(raw, 0, *[*list(F.HEADER.unpack(raw))[:-1], 2**62])
     with pytest.raises(F.FrameError, match="limit"):
         F.unpack(bytes(raw))
 
