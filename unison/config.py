@@ -28,7 +28,9 @@ __all__ = [
     "ENV_JOB_ID",
     "ENV_LOCAL_RANK",
     "ENV_LOCAL_SIZE",
+    "ENV_NUM_SERVERS",
     "ENV_RANK",
+    "ENV_ROLE",
     "ENV_SECRET",
     "ENV_SIZE",
     "ENV_STORE_ADDR",
@@ -52,6 +54,8 @@ ENV_SECRET = "UNISON_SECRET"  # hex job secret; authenticates store and peers
 ENV_JOB_ID = "UNISON_JOB_ID"
 ENV_HOST_ID = "UNISON_HOST_ID"  # overrides the detected host identity
 ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob, read by job detection too
+ENV_NUM_SERVERS = "UNISON_NUM_SERVERS"  # parameter-server processes: the last N ranks
+ENV_ROLE = "UNISON_ROLE"  # "worker" or "server" (parameter server), overrides the above
 
 _IDENTITY = {
     ENV_RANK: "global rank of this process",
@@ -64,6 +68,8 @@ _IDENTITY = {
     ENV_SECRET: "hex job secret for the store and peer handshakes",
     ENV_JOB_ID: "job identifier, part of every handshake",
     ENV_HOST_ID: "host identity override (ranks with equal ids share a host)",
+    ENV_NUM_SERVERS: "parameter-server processes: the last N ranks (unison run --servers N)",
+    ENV_ROLE: "this process's parameter-server role, worker or server (overrides the above)",
 }
 
 

@@ -76,6 +76,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="wall-clock limit of the whole job; ends it with exit status 124",
     )
     p.add_argument(
+        "--servers",
+        type=int,
+        default=0,
+        metavar="S",
+        help="parameter-server processes among the N ranks: the last S ranks "
+        "(UNISON_NUM_SERVERS, UNISON_ROLE; see unison.ps)",
+    )
+    p.add_argument(
         "--no-prefix",
         action="store_true",
         help="do not prefix output lines with [rank] (or UNISON_PREFIX_OUTPUT=0)",
@@ -97,7 +105,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         prefix = C.load_config().prefix_output and not args.no_prefix
         return run_job(
-            command, args.np, timeout=args.timeout, job_timeout=args.job_timeout, prefix=prefix
+            command,
+            args.np,
+            timeout=args.timeout,
+            job_timeout=args.job_timeout,
+            prefix=prefix,
+            servers=args.servers,
         )
     except InvalidArgumentError as exc:
         print(f"unison run: {exc}", file=sys.stderr)
@@ -113,8 +126,9 @@ def rank_environment(
     secret: bytes,
     job_id: str,
     timeout: float | None = None,
+    servers: int = 0,
 ) -> dict[str, str]:
-    """The environment of one rank of a single-host job."""
+    """The environment of one rank of a single-host job (the last ``servers`` ranks serve)."""
     env = dict(base)
     ident = {
         "RANK": rank,
@@ -134,6 +148,9 @@ def rank_environment(
     env["PYTHONUNBUFFERED"] = "1"
     if timeout is not None:
         env["UNISON_TIMEOUT"] = repr(float(timeout))
+    if servers:
+        env[C.ENV_NUM_SERVERS] = str(servers)
+        env[C.ENV_ROLE] = "server" if rank >= size - servers else "worker"
     return env
 
 
@@ -147,10 +164,15 @@ def run_job(
     env: Mapping[str, str] | None = None,
     stdout: BinaryIO | None = None,
     stderr: BinaryIO | None = None,
+    servers: int = 0,
 ) -> int:
     """Run ``command`` as ``np`` ranks on this host; the job's exit status."""
     if np < 1:
         raise InvalidArgumentError(f"-np must be >= 1, got {np}")
+    if not 0 <= servers < np:
+        raise InvalidArgumentError(
+            f"--servers must be in 0..{np - 1} (at least one worker), got {servers}"
+        )
     for name, value in (("--timeout", timeout), ("--job-timeout", job_timeout)):
         if value is not None and not value > 0:
             raise InvalidArgumentError(f"{name} must be > 0 seconds, got {value}")
@@ -168,6 +190,7 @@ def run_job(
                 secret=secret,
                 job_id=job_id,
                 timeout=timeout,
+                servers=servers,
             )
             for r in range(np)
         ]

@@ -1,0 +1,214 @@
+"""The server process: one receiving thread per worker, one thread that decides and answers.
+
+Each receiving thread keeps a request receive posted for its worker (there is no
+any-source receive), reads the header, the metadata and the arrays it announces,
+and queues the whole request. The serving thread (the caller of :meth:`Server.serve`)
+hands requests to :class:`~unison.ps.state.ServerState` in arrival order — so the
+pushes of one worker are applied in the order it sent them — and sends the replies.
+It sleeps on the queue, waking for the next request or the next parked deadline.
+
+A worker that drops its connection without saying goodbye, or that sends nothing
+for the job's timeout, is reported as lost; every parked and later request of the
+others then fails with an error naming it, and the server ends once every worker
+has left.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..buffers import from_numpy
+from ..comm.communicator import Communicator
+from ..comm.work import Work
+from ..errors import (
+    CollectiveTimeoutError,
+    CommunicationError,
+    InvalidArgumentError,
+    MismatchError,
+)
+from ..log import get_logger
+from .consistency import Consistency
+from .state import Reply, Request, ServerState
+from .wire import (
+    HEADER,
+    TAG_REPLY,
+    TAG_REQUEST,
+    Op,
+    pack_header,
+    pack_meta,
+    unpack_header,
+    unpack_meta,
+)
+
+__all__ = ["Server", "ServerSummary"]
+
+log = get_logger("ps")
+
+
+@dataclass(frozen=True)
+class ServerSummary:
+    """What a server did, returned by :func:`unison.ps.serve` when the job ends."""
+
+    rank: int
+    index: int
+    keys: int
+    pushes: int
+    pulls: int
+    parked: int
+    bytes_in: int
+    bytes_out: int
+    failure: str | None
+
+
+@dataclass
+class _Lost:
+    worker: int
+    reason: str
+
+
+def _array_for(spec: Any) -> np.ndarray | None:
+    """An empty array for an announced (dtype, count), or None if the spec is unusable."""
+    try:
+        dtype = np.dtype(str(spec[0]))
+        count = int(spec[1])
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+    if from_numpy(dtype) is None or count < 0:
+        return None
+    return np.empty(count, dtype)
+
+
+class Server:
+    def __init__(
+        self,
+        comm: Communicator,
+        index: int,
+        workers: list[int],
+        policy: Consistency,
+        timeout: float,
+    ) -> None:
+        self.comm = comm
+        self.rank = comm.rt.rank
+        self.timeout = timeout
+        self.state = ServerState(index, self.rank, workers, policy, park_timeout=0.8 * timeout)
+        self.inbox: queue.Queue[Request | _Lost] = queue.Queue()
+        self.sends: deque[Work] = deque()
+
+    # --- receiving (one thread per worker) -------------------------------------------------
+    def _recv(self, buf: np.ndarray, worker: int) -> None:
+        self.comm.irecv(buf, worker, TAG_REQUEST).wait()
+
+    def _read(self, worker: int) -> Request:
+        hdr = np.empty(HEADER.size, np.uint8)
+        try:
+            self._recv(hdr, worker)
+        except CollectiveTimeoutError:
+            raise CollectiveTimeoutError(
+                f"worker rank {worker} sent nothing for {self.timeout:g} s (UNISON_TIMEOUT)",
+                ranks=(worker,),
+            ) from None
+        op, count, req_id, clock, meta_len = unpack_header(hdr)
+        req = Request(worker, op, req_id, clock)
+        if meta_len:
+            raw = np.empty(meta_len, np.uint8)
+            self._recv(raw, worker)
+            try:
+                req.meta = unpack_meta(raw)
+            except (ValueError, InvalidArgumentError) as exc:
+                req.error = InvalidArgumentError(f"unreadable request metadata: {exc}")
+        specs = req.meta.get("arrays", []) if isinstance(req.meta.get("arrays"), list) else []
+        for i in range(count):
+            arr = _array_for(specs[i]) if i < len(specs) else None
+            try:
+                # an unusable spec is received as nothing: the transport reports the
+                # mismatch and discards the message, so the stream stays in step
+                self._recv(arr if arr is not None else np.empty(0, np.uint8), worker)
+            except MismatchError as exc:
+                if req.error is None:
+                    req.error = InvalidArgumentError(f"array {i} of the request: {exc}")
+                continue
+            if arr is None:
+                req.error = req.error or InvalidArgumentError(
+                    f"array {i}: bad spec {specs[i : i + 1]}"
+                )
+            else:
+                req.arrays.append(arr)
+        return req
+
+    def _receive_loop(self, worker: int) -> None:
+        while True:
+            try:
+                req = self._read(worker)
+            except CommunicationError as exc:
+                self.inbox.put(_Lost(worker, str(exc)))
+                return
+            except Exception as exc:  # never leave the serving thread waiting
+                self.inbox.put(_Lost(worker, f"receiving failed: {exc!r}"))
+                return
+            self.inbox.put(req)
+            if req.op == Op.BYE:
+                return
+
+    # --- sending ---------------------------------------------------------------------------
+    def _send(self, reply: Reply) -> None:
+        meta = pack_meta(reply.meta)
+        hdr = pack_header(reply.status, len(reply.arrays), reply.req_id, 0, meta.size)
+        parts = [hdr, meta] if meta.size else [hdr]
+        for part in [*parts, *reply.arrays]:
+            self.sends.append(self.comm.isend(part, reply.worker, TAG_REPLY))
+        while self.sends and self.sends[0].is_completed():
+            self.sends.popleft()
+
+    # --- the serving loop ------------------------------------------------------------------
+    def serve(self) -> ServerSummary:
+        st = self.state
+        threads = [
+            threading.Thread(
+                target=self._receive_loop, args=(w,), name=f"unison-ps-recv-{w}", daemon=True
+            )
+            for w in st.workers
+        ]
+        for t in threads:
+            t.start()
+        while not st.finished():
+            deadline = st.next_deadline()
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                item = self.inbox.get(timeout=wait)
+            except queue.Empty:
+                replies = st.expire()
+            else:
+                if isinstance(item, _Lost):
+                    log.error("server rank %d: %s", self.rank, item.reason)
+                    replies = st.lost(item.worker, item.reason)
+                else:
+                    replies = st.handle(item)
+            for r in replies:
+                self._send(r)
+        end = time.monotonic() + min(10.0, self.timeout)
+        for w in self.sends:
+            try:
+                w.wait(max(0.0, end - time.monotonic()))
+            except Exception:
+                pass
+        for t in threads:
+            t.join(timeout=1.0)
+        s = st.stats
+        return ServerSummary(
+            self.rank,
+            st.index,
+            len(st.shards),
+            s["push"],
+            s["pull"],
+            s["parked"],
+            s["bytes_in"],
+            s["bytes_out"],
+            None if st.failure is None else str(st.failure),
+        )
