@@ -1,0 +1,201 @@
+"""Parameter-server logic in one process: policies, placement, rules, server state."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+
+import numpy as np
+import pytest
+
+import unison.ps as ps
+from unison.errors import InvalidArgumentError
+from unison.ps.consistency import DONE, from_key
+from unison.ps.state import Request, ServerState
+from unison.ps.wire import Op, Status
+
+pytestmark = pytest.mark.timeout(30)
+
+
+# --- policies -----------------------------------------------------------------------------
+def test_ssp0_is_bsp_and_gating_table() -> None:
+    assert ps.SSP(0) == ps.BSP() and hash(ps.SSP(0)) == hash(ps.BSP())
+    assert ps.SSP(1) != ps.BSP() and ps.ASP() != ps.SSP(0)
+    for clock in range(6):
+        for slowest in [*range(6), DONE]:
+            for s in range(4):
+                pol = ps.SSP(s)
+                assert pol.pull_ready(clock, slowest) == (slowest >= clock - s)
+                # staleness 0 holds a clock's pushes until every worker finished it
+                assert pol.apply_ready(clock, slowest) == (s > 0 or slowest > clock)
+                assert ps.BSP().pull_ready(clock, slowest) == ps.SSP(0).pull_ready(clock, slowest)
+            assert ps.ASP().pull_ready(clock, slowest) and ps.ASP().apply_ready(clock, slowest)
+    for pol in (ps.BSP(), ps.SSP(3), ps.ASP()):
+        assert from_key(pol.key()) == pol
+    with pytest.raises(InvalidArgumentError):
+        ps.SSP(-1)
+
+
+# --- placement ----------------------------------------------------------------------------
+def test_layout_is_deterministic_and_splits_big_keys() -> None:
+    small = ps.layout("bias", 10, 4, 3, 1024)
+    assert len(small) == 1 and small[0].server == ps.home("bias", 3)
+    big = ps.layout("weights", 1001, 4, 3, 1024)
+    assert sorted(p.server for p in big) == [0, 1, 2]
+    assert big[0].start == 0 and big[-1].stop == 1001
+    assert all(a.stop == b.start for a, b in itertools.pairwise(big))
+    assert max(p.count for p in big) - min(p.count for p in big) <= 1
+    assert big == ps.layout("weights", 1001, 4, 3, 1024)
+    assert len(ps.layout("weights", 1001, 4, 1, 1)) == 1  # one server: never split
+
+
+# --- rules against torch.optim --------------------------------------------------------------
+def _torch_steps(opt_name: str, grads: list[np.ndarray], p0: np.ndarray, **kw: float) -> np.ndarray:
+    torch = pytest.importorskip("torch")
+    p = torch.tensor(p0.copy(), requires_grad=True)
+    opt = getattr(torch.optim, opt_name)([p], **kw)
+    for g in grads:
+        p.grad = torch.tensor(g)
+        opt.step()
+    return p.detach().numpy()
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_momentum_matches_torch(nesterov: bool) -> None:
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal(50)
+    grads = [rng.standard_normal(50) for _ in range(7)]
+    rule = ps.SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=nesterov)
+    p, state = p0.copy(), {}
+    for g in grads:
+        rule.apply("k", p, g, state)
+    want = _torch_steps(
+        "SGD", grads, p0, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=nesterov
+    )
+    np.testing.assert_allclose(p, want, rtol=1e-12, atol=1e-12)
+
+
+def test_adam_matches_torch() -> None:
+    rng = np.random.default_rng(1)
+    p0 = rng.standard_normal(40)
+    grads = [rng.standard_normal(40) for _ in range(9)]
+    rule = ps.Adam(lr=0.01, weight_decay=0.1)
+    p, state = p0.copy(), {}
+    for g in grads:
+        rule.apply("k", p, g, state)
+    np.testing.assert_allclose(
+        p, _torch_steps("Adam", grads, p0, lr=0.01, weight_decay=0.1), rtol=1e-10, atol=1e-12
+    )
+
+
+def test_rules_check_dtypes_and_arguments() -> None:
+    assert ps.SGD(lr=0.1).check(np.dtype(np.int32)) is not None
+    assert ps.Sum().check(np.dtype(np.int32)) is None
+    bads = (lambda: ps.SGD(lr=0), lambda: ps.SGD(lr=0.1, momentum=1.0), lambda: ps.Adam(beta1=1))
+    for bad in bads:
+        with pytest.raises(InvalidArgumentError):
+            bad()
+
+
+# --- server state -------------------------------------------------------------------------
+W = (0, 1, 2)
+
+
+def _state(policy: ps.Consistency) -> ServerState:
+    st = ServerState(0, 9, W, policy, park_timeout=5.0)
+    st.handle(Request(0, Op.CLAIM, 1, 0, {"keys": [{"k": "x", "shape": [4], "dtype": "<f8"}]}))
+    st.handle(
+        Request(
+            0,
+            Op.INIT,
+            2,
+            0,
+            {"pieces": [{"k": "x", "p": 0, "start": 0, "stop": 4, "shape": [4]}]},
+            [np.zeros(4)],
+        )
+    )
+    st.handle(Request(0, Op.COMMIT, 3, 0, {"keys": ["x"]}))
+    return st
+
+
+def _push(st: ServerState, w: int, clock: int, value: float) -> list:
+    return st.handle(Request(w, Op.PUSH, 10, clock, {"pieces": [["x", 0]]}, [np.full(4, value)]))
+
+
+def _pull(st: ServerState, w: int, clock: int) -> list:
+    return st.handle(Request(w, Op.PULL, 20 + w, clock, {"pieces": [["x", 0]]}))
+
+
+def test_bsp_holds_a_clocks_pushes_until_every_worker_finished_it() -> None:
+    st = _state(ps.BSP())
+    _push(st, 0, 0, 1.0)
+    _push(st, 1, 0, 2.0)
+    assert st.shards[("x", 0)][0] == 0.0  # held: worker 2 has not finished clock 0
+    for w in W:
+        st.handle(Request(w, Op.CLOCK, 0, 1))
+    assert st.shards[("x", 0)][0] == 3.0  # default rule Assign: the sum of the clock
+    _push(st, 0, 1, 5.0)  # worker 0 runs on at clock 1
+    (reply,) = _pull(st, 1, 1)  # a pull at clock 1 sees exactly clock 0
+    assert reply.arrays[0][0] == 3.0
+
+
+def test_ssp_parks_a_pull_too_far_ahead_and_serves_it_when_clocks_move() -> None:
+    st = _state(ps.SSP(2))
+    st.handle(Request(0, Op.RULE, 4, 0, {}, [np.frombuffer(pickle.dumps(ps.Sum()), np.uint8)]))
+    for c in range(1, 4):
+        st.handle(Request(0, Op.CLOCK, 0, c))
+        st.handle(Request(1, Op.CLOCK, 0, c))
+    assert _pull(st, 0, 3) == []  # worker 2 at clock 0 < 3 - 2
+    assert st.blockers(3) == [2]
+    _push(st, 0, 3, 1.0)  # eager under SSP(2)
+    assert st.shards[("x", 0)][0] == 1.0
+    (reply,) = st.handle(Request(2, Op.CLOCK, 0, 1))
+    assert reply.worker == 0 and reply.status is Status.OK and reply.arrays[0][0] == 1.0
+
+
+def test_parked_pull_expires_naming_the_straggler() -> None:
+    now = [0.0]
+    st = ServerState(0, 9, W, ps.BSP(), park_timeout=5.0, now=lambda: now[0])
+    st.shards[("x", 0)] = np.zeros(2)
+    st.info[("x", 0)] = {"shape": [2], "dtype": "<f8", "start": 0, "stop": 2}
+    for w in (0, 1):
+        st.handle(Request(w, Op.CLOCK, 0, 1))
+    assert _pull(st, 0, 1) == []
+    assert st.next_deadline() == 5.0 and st.expire() == []
+    now[0] = 6.0
+    (err,) = st.expire()
+    assert err.status is Status.ERROR and err.meta["error"] == "CollectiveTimeoutError"
+    assert "rank 2 at clock 0" in err.meta["message"] and err.meta["ranks"] == [2]
+
+
+def test_bad_requests_fail_alone_and_leave_data_intact() -> None:
+    st = _state(ps.ASP())
+    _push(st, 0, 0, 3.0)
+    before = st.shards[("x", 0)].copy()
+    bad = [
+        Request(1, Op.PUSH, 5, 0, {"pieces": [["nope", 0]]}, [np.ones(4)]),
+        Request(1, Op.PUSH, 6, 0, {"pieces": [["x", 0]]}, [np.ones(5)]),
+        Request(1, Op.PUSH, 7, 0, {"pieces": [["x", 0]]}, [np.ones(4, np.float32)]),
+        Request(1, Op.PULL, 8, 0, {"pieces": [["nope", 0]]}),
+        Request(1, Op.CLAIM, 9, 0, {"keys": [{"k": "nope"}]}),
+        Request(1, Op.RULE, 10, 0, {}, [np.frombuffer(b"garbage", np.uint8)]),
+    ]
+    for req in bad:
+        (reply,) = st.handle(req)
+        assert reply.status is Status.ERROR and reply.meta["error"] == "InvalidArgumentError"
+    np.testing.assert_array_equal(st.shards[("x", 0)], before)
+    (ok,) = _pull(st, 2, 0)
+    assert ok.status is Status.OK and ok.arrays[0][0] == 3.0
+
+
+def test_lost_worker_fails_parked_and_later_requests() -> None:
+    st = _state(ps.BSP())
+    st.handle(Request(0, Op.CLOCK, 0, 1))
+    assert _pull(st, 0, 1) == []
+    (err,) = st.lost(2, "connection closed")
+    assert err.worker == 0 and err.meta["error"] == "PeerLostError" and 2 in err.meta["ranks"]
+    (later,) = _pull(st, 1, 0)
+    assert later.status is Status.ERROR and "worker rank 2 was lost" in later.meta["message"]
+    for w in (0, 1):
+        st.handle(Request(w, Op.BYE, 99, 0))
+    assert st.finished()
