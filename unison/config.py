@@ -205,6 +205,66 @@ KNOBS: tuple[Knob, ...] = (
         str,
         "directory of a file store, for launchers that provide no store address",
     ),
+    Knob(
+        "UNISON_FUSION_THRESHOLD",
+        "fusion_threshold",
+        128 << 20,
+        _size,
+        "unison.torch: fuse ready all-reduces into one buffer up to this size "
+        "(HOROVOD_FUSION_THRESHOLD)",
+    ),
+    Knob(
+        "UNISON_CYCLE_TIME",
+        "cycle_time",
+        0.0,
+        float,
+        "unison.torch: ms to wait for more tensors before negotiating; 0 = start at once "
+        "(HOROVOD_CYCLE_TIME)",
+    ),
+    Knob(
+        "UNISON_CACHE_CAPACITY",
+        "cache_capacity",
+        1024,
+        int,
+        "unison.torch: response cache entries; 0 disables (HOROVOD_CACHE_CAPACITY)",
+    ),
+    Knob(
+        "UNISON_TIMELINE",
+        "timeline",
+        "",
+        str,
+        "unison.torch: write a Chrome-trace timeline to this file on rank 0 (HOROVOD_TIMELINE)",
+    ),
+    Knob(
+        "UNISON_TIMELINE_MARK_CYCLES",
+        "timeline_mark_cycles",
+        False,
+        _bool,
+        "unison.torch: mark negotiation cycles in the timeline (HOROVOD_TIMELINE_MARK_CYCLES)",
+    ),
+    Knob(
+        "UNISON_STALL_CHECK_DISABLE",
+        "stall_check_disable",
+        False,
+        _bool,
+        "unison.torch: disable the stall inspector (HOROVOD_STALL_CHECK_DISABLE)",
+    ),
+    Knob(
+        "UNISON_STALL_CHECK_TIME_SECONDS",
+        "stall_check_time",
+        60.0,
+        _positive_float,
+        "unison.torch: warn about tensors missing on some ranks after this many seconds "
+        "(HOROVOD_STALL_CHECK_TIME_SECONDS)",
+    ),
+    Knob(
+        "UNISON_STALL_SHUTDOWN_TIME_SECONDS",
+        "stall_shutdown_time",
+        0.0,
+        float,
+        "unison.torch: fail stalled tensors on every rank after this many seconds; 0 = never "
+        "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)",
+    ),
 )
 
 
@@ -224,6 +284,14 @@ class Config:
     check_mismatch: bool = True
     prefix_output: bool = True
     store_path: str = ""
+    fusion_threshold: int = 128 << 20
+    cycle_time: float = 0.0
+    cache_capacity: int = 1024
+    timeline: str = ""
+    timeline_mark_cycles: bool = False
+    stall_check_disable: bool = False
+    stall_check_time: float = 60.0
+    stall_shutdown_time: float = 0.0
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

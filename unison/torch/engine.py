@@ -1,0 +1,350 @@
+"""The background engine of one process set: negotiate, then execute in one order.
+
+One thread per process set and rank, woken when work is submitted or a peer
+starts a negotiation cycle — never paced by a sleep. A cycle: every rank sends
+every peer one small message (the response-cache bits of its pending tensors,
+full requests for tensors not in the cache, and on the coordinator whether its
+table is busy) and receives theirs. When only cached tensors are involved the
+bitwise AND of the bit vectors decides, identically on every rank, with no
+round trip to the coordinator. Otherwise rank 0 of the set (the coordinator)
+validates the requests and announces the responses. Then every rank executes
+the same responses in the same order (:mod:`unison.torch.execute`).
+
+A cycle starts when there is new local work or a peer's message for it has
+arrived, so ranks that submit in different orders meet without polling.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from typing import Any
+
+from ..comm.api import Group
+from .cache import ResponseCache, and_bits, bits_to_ids, ids_to_bits
+from .channel import Channel
+from .errors import HorovodInternalError
+from .execute import Executor
+from .handle import Entry
+from .negotiation import Coordinator, Kind, Request, Response, request_of
+from .settings import Settings
+from .stall import StallInspector
+from .timeline import Timeline
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("unison.torch")
+
+
+class Engine:
+    def __init__(
+        self,
+        ranks: list[int],
+        me_global: int,
+        ctl: Group,
+        data: Group,
+        settings: Settings,
+        timeline: Timeline | None,
+    ) -> None:
+        self.ranks = ranks
+        self.size = len(ranks)
+        self.me = ranks.index(me_global)
+        self.settings = settings
+        self.timeline = timeline
+        self._cv = threading.Condition()
+        self._new: list[Entry] = []
+        self._pending: dict[str, Entry] = {}
+        self._inbox: dict[int, dict[int, Any]] = {}
+        self._responses: dict[int, list[Response]] = {}
+        self._gone: set[int] = set()
+        self._error: BaseException | None = None
+        self._closing = False
+        self._kick = False
+        self._cycle = 0
+        self.cache = ResponseCache(settings.cache_capacity)
+        self.coord = Coordinator(self.size) if self.me == 0 else None
+        self.stall = StallInspector(
+            self.size,
+            settings.stall_check_time,
+            settings.stall_shutdown_time,
+            not settings.stall_check_disable,
+        )
+        self._force: dict[str, str] = {}
+        self._holders: dict[str, set[int]] = {}
+        self.executor = Executor(data, ranks, self.me, settings, timeline)
+        peers = [r for r in ranks if r != me_global]
+        self.channel = Channel(
+            ctl, me_global, peers, self._deliver, self._peer_error, settings.timeout
+        )
+        self._thread = threading.Thread(target=self._loop, name="unison-hvd-engine", daemon=True)
+        self._last_sent = time.monotonic()
+
+    def start(self) -> None:
+        self.channel.start()
+        self._thread.start()
+
+    # --- submission (user threads) --------------------------------------------------------
+    def submit(self, entry: Entry) -> None:
+        name = entry.request.name
+        with self._cv:
+            if self._error is not None:
+                raise HorovodInternalError(
+                    f"cannot submit {name!r}: the engine failed earlier: {self._error}"
+                ) from self._error
+            if self._closing:
+                raise HorovodInternalError(f"cannot submit {name!r}: Horovod has been shut down")
+            if name in self._pending or any(e.request.name == name for e in self._new):
+                raise ValueError(
+                    f"a tensor named {name!r} is already being processed; names of pending "
+                    "operations must be unique (synchronize the earlier one first)"
+                )
+            self._new.append(entry)
+            self._cv.notify_all()
+
+    def pending_names(self) -> list[str]:
+        with self._cv:
+            return list(self._pending) + [e.request.name for e in self._new]
+
+    def describe_stall(self, name: str) -> str:
+        if self.coord is not None and name in self.coord.table:
+            return f"ranks {self.coord.missing(name)} have not submitted it"
+        return "some ranks have not submitted it (rank 0 of the process set logs which)"
+
+    # --- messages from peers (listener threads) -----------------------------------------------
+    def _deliver(self, peer: int, msg: Any) -> None:
+        r = self.ranks.index(peer)
+        with self._cv:
+            if msg == "ping":
+                return
+            if msg == "bye":
+                self._gone.add(r)
+            elif msg[0] == "C":
+                self._inbox.setdefault(msg[1], {})[r] = msg
+            elif msg[0] == "R":
+                self._responses[msg[1]] = msg[2]
+            self._cv.notify_all()
+
+    def _peer_error(self, peer: int, exc: BaseException) -> None:
+        with self._cv:
+            if self._error is None and not self._closing:
+                self._error = HorovodInternalError(
+                    f"lost contact with rank {peer}: {exc}", ranks=(peer,)
+                )
+            self._cv.notify_all()
+
+    # --- the loop ----------------------------------------------------------------------------
+    def _wanted(self) -> bool:
+        return bool(self._new) or self._kick or (self._cycle + 1) in self._inbox
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._wanted():
+                        if self._error is not None:
+                            raise self._error
+                        if self._closing:
+                            return
+                        self._cv.wait(self._idle_timeout())
+                        self._housekeeping()
+                    if self._error is not None:
+                        raise self._error
+                if self.settings.cycle_time > 0 and (self._cycle + 1) not in self._inbox:
+                    with self._cv:  # Horovod's cycle time: gather more tensors first
+                        self._cv.wait(self.settings.cycle_time)
+                self._run_cycle()
+        except BaseException as exc:
+            self._fail_all(exc)
+
+    def _idle_timeout(self) -> float:
+        t = self.settings.timeout / 3
+        due = self.stall.next_due(time.monotonic()) if self.coord is not None else None
+        return min(t, due) if due is not None else t
+
+    def _housekeeping(self) -> None:
+        """Called with the lock held after every idle wake-up: heartbeats and stalls."""
+        now = time.monotonic()
+        if now - self._last_sent >= self.settings.timeout / 3:
+            self._last_sent = now
+            threading.Thread(target=self._ping, daemon=True).start()
+        if self.coord is not None:
+            warn, kill = self.stall.check(self._holders, now)
+            if warn:
+                text = "; ".join(s.describe() for s in warn)
+                warnings.warn(
+                    f"unison.torch stall: one or more tensors were submitted by some ranks "
+                    f"but not all: {text}",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
+                log.warning("stalled tensors: %s", text)
+            for s in kill:
+                if s.name not in self._force:
+                    self._force[s.name] = (
+                        f"stalled for {s.waited:.0f}s (UNISON_STALL_SHUTDOWN_TIME_SECONDS): "
+                        f"{s.describe()}"
+                    )
+                    self._kick = True
+
+    def _ping(self) -> None:
+        try:
+            self.channel.send_all("ping")
+        except Exception:
+            pass
+
+    # --- one cycle ---------------------------------------------------------------------------
+    def _run_cycle(self) -> None:
+        k = self._cycle + 1
+        with self._cv:
+            self._kick = False
+            for e in self._new:
+                self._pending[e.request.name] = e
+            self._new = []
+            entries = list(self._pending.values())
+        if self.timeline is not None:
+            self.timeline.cycle(time.perf_counter())
+        ids: set[int] = set()
+        fresh: list[Request] = []
+        for e in entries:
+            if e.announced:
+                continue
+            cid = self.cache.lookup(e.request, self.me)
+            if cid is None:
+                fresh.append(e.request)
+                e.announced = True
+            else:
+                ids.add(cid)
+        busy = self.coord is not None and (self.coord.busy or bool(self._force))
+        mine = ("C", k, ids_to_bits(ids), fresh, busy)
+        self.channel.send_all(mine)
+        self._last_sent = time.monotonic()
+        msgs = self._gather(k)
+        msgs[self.me] = mine
+        self._cycle = k
+        coordinated = any(m[3] for m in msgs.values()) or msgs[0][4]
+        if not coordinated:
+            ready = bits_to_ids(and_bits([msgs[r][2] for r in range(self.size)]))
+            responses = [self.cache.get(i) for i in ready]
+            if self.coord is not None:
+                self._observe(msgs)
+        elif self.coord is not None:
+            for r in range(self.size):
+                m = msgs[r]
+                self.coord.add(r, m[3])
+                self.coord.add(r, [request_of(self.cache.get(i), r) for i in bits_to_ids(m[2])])
+            self._observe(msgs)
+            force, self._force = self._force, {}
+            responses = self.coord.ready(force)
+            self.channel.send_all(("R", k, responses))
+        else:
+            responses = self._await_responses(k)
+        if responses:
+            self._execute(responses)
+
+    def _observe(self, msgs: dict[int, Any]) -> None:
+        """Coordinator: who holds which pending tensor (for the stall inspector)."""
+        holders: dict[str, set[int]] = {}
+        for r in range(self.size):
+            for i in bits_to_ids(msgs[r][2]):
+                holders.setdefault(self.cache.get(i).name, set()).add(r)
+        assert self.coord is not None
+        for name, reqs in self.coord.table.items():
+            holders.setdefault(name, set()).update(reqs)
+        for r in self.coord.joined:
+            for s in holders.values():
+                s.add(r)
+        self._holders = holders
+        self.stall.observe(holders, time.monotonic())
+
+    def _gather(self, k: int) -> dict[int, Any]:
+        deadline = time.monotonic() + self.settings.timeout
+        with self._cv:
+            while True:
+                got = self._inbox.get(k, {})
+                if len(got) == self.size - 1:
+                    return dict(self._inbox.pop(k, {}))
+                if self._error is not None:
+                    raise self._error
+                gone = [self.ranks[r] for r in self._gone if r not in got]
+                if gone:
+                    raise HorovodInternalError(
+                        f"ranks {sorted(gone)} have shut down while rank "
+                        f"{self.ranks[self.me]} still has operations pending: "
+                        f"{sorted(self._pending)[:8]}",
+                        ranks=gone,
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [
+                        self.ranks[r] for r in range(self.size) if r != self.me and r not in got
+                    ]
+                    raise HorovodInternalError(
+                        f"negotiation timed out after {self.settings.timeout:g}s; "
+                        f"not heard from ranks {missing}",
+                        ranks=missing,
+                    )
+                self._cv.wait(min(left, 1.0))
+
+    def _await_responses(self, k: int) -> list[Response]:
+        deadline = time.monotonic() + self.settings.timeout
+        with self._cv:
+            while k not in self._responses:
+                if self._error is not None:
+                    raise self._error
+                if 0 in self._gone:
+                    raise HorovodInternalError("the coordinator (rank 0 of the set) shut down")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HorovodInternalError(
+                        f"no response from the coordinator (rank {self.ranks[0]}) within "
+                        f"{self.settings.timeout:g}s",
+                        ranks=(self.ranks[0],),
+                    )
+                self._cv.wait(min(left, 1.0))
+            return self._responses.pop(k)
+
+    def _execute(self, responses: list[Response]) -> None:
+        now = time.perf_counter()
+        with self._cv:
+            local: list[Entry | None] = []
+            for resp in responses:
+                name = "__join__" if resp.request.kind is Kind.JOIN else resp.name
+                e = self._pending.pop(name, None)
+                if e is not None:
+                    e.decided = now
+                local.append(e)
+        self.executor.run(responses, local)
+        for resp in responses:
+            self.cache.put(resp)
+
+    # --- failure and shutdown ---------------------------------------------------------------
+    def _fail_all(self, exc: BaseException) -> None:
+        if not isinstance(exc, HorovodInternalError):
+            err: BaseException = HorovodInternalError(f"the engine failed: {exc!r}")
+            err.__cause__ = exc
+        else:
+            err = exc
+        with self._cv:
+            if self._error is None:
+                self._error = err
+            entries = list(self._pending.values()) + self._new
+            self._pending.clear()
+            self._new = []
+        for e in entries:
+            e.handle.finish(error=err)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join(self.settings.timeout)
+        with self._cv:
+            entries = list(self._pending.values()) + self._new
+            self._pending.clear()
+            self._new = []
+        for e in entries:
+            e.handle.finish(error=HorovodInternalError("Horovod has been shut down"))
+        self.channel.close(say_bye=True)
+        self.executor.close()

@@ -1,0 +1,369 @@
+"""The blocking collectives, differentiable where Horovod's are.
+
+Gradients follow Horovod: allreduce's is the allreduce (same op and factors) of
+the incoming gradient; allgather's and broadcast's are the averaged incoming
+gradient, sliced to this rank's rows (allgather) or zeroed off the root
+(broadcast); alltoall's is the alltoall back along the received splits;
+reducescatter's is the allgather of the incoming gradient (divided by the set
+size for Average).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .basics import ProcessSet, global_process_set
+from .compression import Compression, Compressor
+from .negotiation import Op
+from .ops import (
+    Average,
+    allgather_async,
+    allreduce_async,
+    allreduce_async_,
+    alltoall_async,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    handle_average_backwards_compatibility,
+    reducescatter_async,
+    synchronize,
+)
+
+__all__ = [
+    "allgather",
+    "allreduce",
+    "allreduce_",
+    "alltoall",
+    "broadcast",
+    "broadcast_",
+    "grouped_allgather",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_reducescatter",
+    "reducescatter",
+    "sparse_allreduce_async",
+]
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    return fn.apply(*args)
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: torch.Tensor, name: Any, op: Op, pre: float, post: float, ps: ProcessSet
+    ) -> Any:
+        ctx.args = (op, pre, post, ps)
+        return synchronize(allreduce_async(tensor, None, name, op, pre, post, ps))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        op, pre, post, ps = ctx.args
+        return (
+            allreduce(
+                grad.contiguous(), op=op, prescale_factor=pre, postscale_factor=post, process_set=ps
+            ),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Average (or ``op``) ``tensor`` over the ranks into a new tensor; differentiable.
+
+    ``prescale_factor`` multiplies each rank's input before the reduction,
+    ``postscale_factor`` the result after it (Average divides by the set size too).
+    """
+    rop = handle_average_backwards_compatibility(op, average)
+    compressed, cctx = compression.compress(tensor)
+    out = _call(_Allreduce, compressed, name, rop, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, cctx)
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    out: torch.Tensor = synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
+    return out
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, name: Any, op: Op, pre: float, post: float, ps: ProcessSet, *tensors: torch.Tensor
+    ) -> Any:
+        ctx.args = (op, pre, post, ps)
+        return tuple(
+            synchronize(grouped_allreduce_async(list(tensors), None, name, op, pre, post, ps))
+        )
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        op, pre, post, ps = ctx.args
+        out = grouped_allreduce(
+            [g.contiguous() for g in grads],
+            op=op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=ps,
+        )
+        return (None, None, None, None, None, *out)
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    rop = handle_average_backwards_compatibility(op, average)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _call(
+        _GroupedAllreduce,
+        name,
+        rop,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        *[p[0] for p in pairs],
+    )
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs, strict=True)]
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = synchronize(
+        grouped_allreduce_async_(
+            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
+    return out
+
+
+def _my_offset(rows: int, ps: ProcessSet) -> int:
+    dims = synchronize(allgather_async(torch.tensor([rows], dtype=torch.int64), process_set=ps))
+    return int(dims[: ps.rank()].sum().item())
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: Any, ps: ProcessSet) -> Any:
+        ctx.rows, ctx.ps = tensor.shape[0], ps
+        return synchronize(allgather_async(tensor, name, ps))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
+        off = _my_offset(ctx.rows, ctx.ps)
+        return reduced.narrow(0, off, ctx.rows), None, None
+
+
+def allgather(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dimension 0 (first dims may differ)."""
+    out: torch.Tensor = _call(_Allgather, tensor, name, process_set)
+    return out
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: Any, ps: ProcessSet, *tensors: torch.Tensor) -> Any:
+        ctx.rows, ctx.ps = [t.shape[0] for t in tensors], ps
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, ps)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average, process_set=ctx.ps)
+        out = []
+        for g, rows in zip(reduced, ctx.rows, strict=True):
+            out.append(g.narrow(0, _my_offset(rows, ctx.ps), rows))
+        return (None, None, *out)
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    return list(_call(_GroupedAllgather, name, process_set, *tensors))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root: int, name: Any, ps: ProcessSet) -> Any:
+        ctx.root, ctx.ps = root, ps
+        return synchronize(broadcast_async(tensor, root, name, ps))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        from .basics import rank
+
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
+        if rank() != ctx.root:
+            reduced = reduced * 0
+        return reduced, None, None, None
+
+
+def broadcast(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """``tensor`` of ``root_rank`` on every rank, as a new tensor; differentiable."""
+    out: torch.Tensor = _call(_Broadcast, tensor, root_rank, name, process_set)
+    return out
+
+
+def broadcast_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    out: torch.Tensor = synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return out
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: Any, ps: ProcessSet) -> Any:
+        out, received = synchronize(alltoall_async(tensor, splits, name, ps))
+        ctx.received, ctx.ps = received, ps
+        if splits is None:
+            return out
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> Any:
+        back, _r = alltoall(grad.contiguous(), splits=ctx.received, process_set=ctx.ps)
+        return back, None, None, None
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Any = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Scatter rows to every rank, gather theirs. Returns the output tensor, and with
+    ``splits`` given, also the rows received from each rank (as Horovod does)."""
+    return _call(_Alltoall, tensor, splits, name, process_set)
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: torch.Tensor, name: Any, op: Op, ps: ProcessSet, pre: float, post: float
+    ) -> Any:
+        ctx.op, ctx.ps = op, ps
+        return synchronize(reducescatter_async(tensor, name, op, ps, pre, post))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        g = allgather(grad.contiguous(), process_set=ctx.ps)
+        if ctx.op == Average:
+            g = g / ctx.ps.size()
+        return g, None, None, None, None, None
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Reduce over the ranks; rank i keeps the i-th block of rows of the result."""
+    compressed, cctx = compression.compress(tensor)
+    out = _call(
+        _Reducescatter,
+        compressed,
+        name,
+        Op(int(op)),
+        process_set,
+        prescale_factor,
+        postscale_factor,
+    )
+    return compression.decompress(out, cctx)
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    pairs = [compression.compress(t) for t in tensors]
+    outs = synchronize(
+        grouped_reducescatter_async(
+            [p[0] for p in pairs], name, op, process_set, prescale_factor, postscale_factor
+        )
+    )
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs, strict=True)]
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: str, op: Any, process_set: ProcessSet = global_process_set
+) -> Any:
+    """Allreduce of a sparse tensor by gathering indices and values; returns a callable
+    handle for :func:`synchronize`."""
+    t = tensor.coalesce()
+    ih = allgather_async(
+        t.indices().transpose(0, 1).contiguous(), name=f"{name}.indices", process_set=process_set
+    )
+    vh = allgather_async(t.values().contiguous(), name=f"{name}.values", process_set=process_set)
+
+    def finish() -> torch.Tensor:
+        values = synchronize(vh)
+        indices = synchronize(ih)
+        if Op(int(op)) == Average:
+            values = values / process_set.size()
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size()).coalesce()
+
+    return finish

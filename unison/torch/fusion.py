@@ -1,0 +1,44 @@
+"""Tensor fusion planning: which consecutive responses travel as one message.
+
+Pure logic. Consecutive all-reduces with the same dtype, op and scale factors
+are packed, in execution order, into one buffer of at most ``threshold`` bytes
+(a single tensor larger than the threshold travels alone). Every rank plans the
+same batches because it executes the same responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .negotiation import Kind, Op, Response
+
+__all__ = ["fusion_key", "plan"]
+
+
+def fusion_key(resp: Response) -> tuple[object, ...] | None:
+    """Responses with equal keys may share a fusion buffer; None: never fused."""
+    q = resp.request
+    if resp.error or q.kind is not Kind.ALLREDUCE or q.op == Op.ADASUM:
+        return None
+    return (q.dtype, q.op, q.prescale, q.postscale, resp.joined)
+
+
+def plan(responses: Sequence[Response], nbytes: Sequence[int], threshold: int) -> list[list[int]]:
+    """Batches of indices into ``responses`` (every index exactly once, order kept)."""
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    cur_key: object = None
+    cur_bytes = 0
+    for i, resp in enumerate(responses):
+        key = fusion_key(resp)
+        fits = cur and key is not None and key == cur_key and cur_bytes + nbytes[i] <= threshold
+        if fits:
+            cur.append(i)
+            cur_bytes += nbytes[i]
+            continue
+        if cur:
+            batches.append(cur)
+        cur, cur_key, cur_bytes = [i], key, nbytes[i]
+    if cur:
+        batches.append(cur)
+    return batches

@@ -1,0 +1,250 @@
+"""Negotiation: which tensors every rank has submitted, validated, in one order.
+
+Pure logic, no threads and no I/O. Each rank describes a submitted tensor with a
+:class:`Request`; the coordinator (rank 0 of the process set) keeps a
+:class:`Coordinator` table of requests per name and, once every rank that has
+not joined has submitted a name, turns the requests into one :class:`Response`
+(or an error response naming the disagreement). Every rank executes the same
+responses in the same order.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Coordinator",
+    "Kind",
+    "Op",
+    "Request",
+    "Response",
+    "reducescatter_rows",
+    "request_of",
+    "validate",
+]
+
+
+class Op(enum.IntEnum):
+    """Reduction ops, with Horovod's values (``hvd.Average`` is 0, ``hvd.Sum`` 1...)."""
+
+    AVERAGE = 0
+    SUM = 1
+    ADASUM = 2
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+
+class Kind(enum.IntEnum):
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    ALLTOALL = 3
+    REDUCESCATTER = 4
+    BARRIER = 5
+    JOIN = 6
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One rank's submission of a named operation (a group of tensors for grouped ops)."""
+
+    name: str
+    kind: Kind
+    dtype: str = ""
+    shapes: tuple[tuple[int, ...], ...] = ()
+    op: int = 0
+    root: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    splits: tuple[int, ...] = ()  # alltoall: rows sent to each rank
+
+    def rank_part(self) -> tuple[int, ...]:
+        """What may legitimately differ between ranks (first dims, alltoall splits)."""
+        if self.kind is Kind.ALLGATHER:
+            return tuple(s[0] if s else 1 for s in self.shapes)
+        if self.kind is Kind.ALLTOALL:
+            return self.splits
+        return ()
+
+    def common(self) -> tuple[object, ...]:
+        """What must be equal on every rank."""
+        if self.kind in (Kind.ALLGATHER, Kind.ALLTOALL):
+            shapes: object = tuple(s[1:] for s in self.shapes)
+        else:
+            shapes = self.shapes
+        return (self.kind, self.dtype, shapes, self.op, self.root, self.prescale, self.postscale)
+
+    @property
+    def nbytes_hint(self) -> int:
+        n = 0
+        for s in self.shapes:
+            k = 1
+            for d in s:
+                k *= d
+            n += k
+        return n
+
+
+@dataclass(frozen=True)
+class Response:
+    """What every rank executes. ``per_rank[r]`` is rank r's :meth:`Request.rank_part`;
+    ``joined`` the ranks that had joined (they contribute zeros / nothing)."""
+
+    request: Request
+    per_rank: tuple[tuple[int, ...], ...] = ()
+    joined: tuple[int, ...] = ()
+    error: str = ""
+    value: int = -1  # join: the last rank to join
+
+    @property
+    def name(self) -> str:
+        return self.request.name
+
+    @property
+    def cacheable(self) -> bool:
+        return (
+            not self.error
+            and not self.joined
+            and self.request.kind not in (Kind.JOIN, Kind.BARRIER)
+        )
+
+
+def reducescatter_rows(rows: int, size: int) -> list[int]:
+    """Rows of each rank's part; the first ``rows % size`` ranks get one more."""
+    base, extra = divmod(rows, size)
+    return [base + (1 if r < extra else 0) for r in range(size)]
+
+
+def _describe(req: Request) -> str:
+    parts = [req.kind.label, req.dtype or "-", "x".join(map(str, req.shapes)) or "()"]
+    if req.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER):
+        parts.append(f"op={Op(req.op).name}")
+        if req.prescale != 1.0 or req.postscale != 1.0:
+            parts.append(f"scale={req.prescale:g}/{req.postscale:g}")
+    if req.kind is Kind.BROADCAST:
+        parts.append(f"root={req.root}")
+    return " ".join(parts)
+
+
+def validate(name: str, reqs: dict[int, Request], size: int, joined: Sequence[int]) -> str:
+    """An error message if the ranks' requests disagree, else ''."""
+    first = min(reqs)
+    ref = reqs[first]
+    for r in sorted(reqs):
+        q = reqs[r]
+        if q.common() != ref.common():
+            what = []
+            if q.kind != ref.kind:
+                what.append("operation")
+            if q.dtype != ref.dtype:
+                what.append("dtype")
+            if q.op != ref.op:
+                what.append("reduce op")
+            if q.root != ref.root:
+                what.append("root rank")
+            if q.common()[2] != ref.common()[2] or len(q.shapes) != len(ref.shapes):
+                what.append("shape")
+            if (q.prescale, q.postscale) != (ref.prescale, ref.postscale):
+                what.append("scale factors")
+            return (
+                f"mismatched {' and '.join(what) or 'arguments'} for tensor {name!r}: "
+                f"rank {first} submitted {_describe(ref)}, rank {r} submitted {_describe(q)}"
+            )
+    if ref.kind is Kind.ALLTOALL:
+        for r, q in reqs.items():
+            if len(q.splits) != size:
+                return f"alltoall {name!r}: rank {r} gave {len(q.splits)} splits for {size} ranks"
+    if ref.kind is Kind.BROADCAST and ref.root in joined:
+        return f"broadcast {name!r}: root rank {ref.root} has already joined"
+    if joined and ref.kind in (Kind.ALLTOALL, Kind.REDUCESCATTER):
+        return f"{ref.kind.label} {name!r} is not supported after ranks {list(joined)} joined"
+    if joined and ref.op == Op.ADASUM:
+        return f"Adasum allreduce {name!r} is not supported after ranks {list(joined)} joined"
+    return ""
+
+
+@dataclass
+class Coordinator:
+    """Rank 0's table: requests per name and rank, joined ranks, readiness."""
+
+    size: int
+    table: dict[str, dict[int, Request]] = field(default_factory=dict)
+    arrival: list[str] = field(default_factory=list)
+    joined: list[int] = field(default_factory=list)
+
+    def add(self, rank: int, reqs: Iterable[Request]) -> None:
+        for q in reqs:
+            if q.kind is Kind.JOIN:
+                if rank not in self.joined:
+                    self.joined.append(rank)
+                continue
+            slot = self.table.get(q.name)
+            if slot is None:
+                slot = self.table[q.name] = {}
+                self.arrival.append(q.name)
+            slot[rank] = q
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.table) or bool(self.joined)
+
+    def missing(self, name: str) -> list[int]:
+        have = self.table.get(name, {})
+        return [r for r in range(self.size) if r not in have and r not in self.joined]
+
+    def ready(self, force_error: dict[str, str] | None = None) -> list[Response]:
+        """Responses for every name all non-joined ranks have submitted, in arrival order."""
+        out: list[Response] = []
+        joined = tuple(sorted(self.joined))
+        for name in list(self.arrival):
+            reqs = self.table[name]
+            forced = (force_error or {}).get(name)
+            if forced is None and self.missing(name):
+                continue
+            if forced is None and not reqs:
+                continue
+            self.arrival.remove(name)
+            del self.table[name]
+            ref = reqs[min(reqs)] if reqs else Request(name, Kind.BARRIER)
+            if forced is not None:
+                out.append(Response(ref, error=forced))
+                continue
+            err = validate(name, reqs, self.size, joined)
+            if err:
+                out.append(Response(ref, error=err))
+                continue
+            per_rank: tuple[tuple[int, ...], ...] = ()
+            if ref.kind in (Kind.ALLGATHER, Kind.ALLTOALL):
+                zero = tuple(0 for _ in ref.rank_part())
+                per_rank = tuple(
+                    reqs[r].rank_part() if r in reqs else zero for r in range(self.size)
+                )
+            out.append(Response(ref, per_rank=per_rank, joined=joined))
+        if self.joined and len(self.joined) == self.size:
+            out.append(Response(Request("__join__", Kind.JOIN), value=self.joined[-1]))
+            self.joined = []
+        return out
+
+
+def request_of(resp: Response, rank: int) -> Request:
+    """Rank ``rank``'s request that a cached response stands for."""
+    q = resp.request
+    if q.kind is Kind.ALLGATHER and resp.per_rank:
+        dims = resp.per_rank[rank]
+        return _replace(q, shapes=tuple((d, *s[1:]) for d, s in zip(dims, q.shapes, strict=True)))
+    if q.kind is Kind.ALLTOALL and resp.per_rank:
+        return _replace(q, splits=resp.per_rank[rank])
+    return q
+
+
+def _replace(q: Request, **changes: object) -> Request:
+    import dataclasses
+
+    return dataclasses.replace(q, **changes)  # type: ignore[arg-type]

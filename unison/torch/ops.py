@@ -1,0 +1,433 @@
+"""Submitting operations: validation on the caller's thread, then the engine.
+
+Every ``*_async`` function here returns a :class:`Handle` at once; the engine
+runs the operation in the background. ``poll`` never blocks; ``synchronize``
+returns the operation's result (the output tensor, a list for grouped ops, a
+pair for alltoall) or raises its error on every rank that submitted it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .basics import ProcessSet, engine_of, global_process_set, settings
+from .handle import Entry, Handle
+from .negotiation import Kind, Op, Request
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "Max",
+    "Min",
+    "Product",
+    "Sum",
+    "allgather_async",
+    "allreduce_async",
+    "allreduce_async_",
+    "alltoall_async",
+    "barrier",
+    "broadcast_async",
+    "broadcast_async_",
+    "grouped_allgather_async",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter_async",
+    "handle_average_backwards_compatibility",
+    "join",
+    "poll",
+    "reducescatter_async",
+    "synchronize",
+]
+
+Average = Op.AVERAGE
+Sum = Op.SUM
+Adasum = Op.ADASUM
+Min = Op.MIN
+Max = Op.MAX
+Product = Op.PRODUCT
+
+_SUPPORTED = {
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+}
+_names = itertools.count()
+_names_lock = threading.Lock()
+
+
+def handle_average_backwards_compatibility(op: Any, average: Any) -> Op:
+    """Horovod's rule: ``op`` wins; the deprecated ``average=`` maps to Average/Sum."""
+    if op is not None:
+        if average is not None:
+            raise ValueError(
+                "The op parameter supersedes average. Please provide only one of them."
+            )
+        try:
+            return Op(int(op))
+        except (TypeError, ValueError):
+            raise ValueError(f"unknown reduction op {op!r}") from None
+    if average is not None:
+        warnings.warn(
+            "Parameter `average` has been replaced with `op` and will be removed",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return Op.AVERAGE if average else Op.SUM
+    return Op.AVERAGE
+
+
+def _auto_name(kind: str, name: str | None) -> str:
+    if name is not None:
+        return str(name)
+    with _names_lock:
+        return f"{kind}.noname.{next(_names)}"
+
+
+def _check(t: Any, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{what} is on {t.device}; unison.torch moves CPU tensors only")
+    if t.dtype not in _SUPPORTED:
+        raise ValueError(f"Tensor type {t.dtype} is not supported.")
+    if t.is_sparse:
+        raise ValueError(f"{what} is sparse; use sparse_allreduce_async or sparse_as_dense")
+    if not t.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    return t
+
+
+def _submit(
+    ps: ProcessSet,
+    req: Request,
+    inputs: list[torch.Tensor],
+    outputs: list[torch.Tensor] | None,
+    finish: Callable[[Entry, Any], Any],
+) -> Handle:
+    engine = engine_of(ps)
+    handle = Handle(req.name, keep=(inputs, outputs))
+    engine.submit(Entry(req, inputs, outputs, handle, finish))
+    return handle
+
+
+def _first(_: Entry, produced: Any) -> Any:
+    return produced[0]
+
+
+def _all(_: Entry, produced: Any) -> Any:
+    return list(produced)
+
+
+def _same(_: Entry, produced: Any) -> Any:
+    return produced
+
+
+# --- allreduce --------------------------------------------------------------------------------
+def _allreduce(
+    tensors: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    name: str | None,
+    op: Op,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    grouped: bool,
+) -> Handle:
+    ts = [_check(t, "allreduce tensor") for t in tensors]
+    if not ts:
+        raise ValueError("grouped_allreduce needs at least one tensor")
+    if len({t.dtype for t in ts}) != 1:
+        raise ValueError("all tensors of a grouped allreduce must have one dtype")
+    if op == Op.ADASUM and not ts[0].is_floating_point():
+        raise ValueError("Adasum needs floating-point tensors")
+    if op == Op.ADASUM and process_set is not global_process_set:
+        raise NotImplementedError("Adasum does not support non-global process sets yet.")
+    req = Request(
+        _auto_name("grouped_allreduce" if grouped else "allreduce", name),
+        Kind.ALLREDUCE,
+        str(ts[0].dtype),
+        tuple(tuple(t.shape) for t in ts),
+        int(op),
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
+    )
+    return _submit(process_set, req, ts, list(outputs), _all if grouped else _first)
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Average (or ``op``) ``tensor`` over the process set into a new tensor, in the background."""
+    rop = handle_average_backwards_compatibility(op, average)
+    t = _check(tensor, "allreduce tensor")
+    return _allreduce(
+        [t], [torch.empty_like(t)], name, rop, prescale_factor, postscale_factor, process_set, False
+    )
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """In-place :func:`allreduce_async`."""
+    rop = handle_average_backwards_compatibility(op, average)
+    t = _check(tensor, "allreduce tensor")
+    return _allreduce([t], [t], name, rop, prescale_factor, postscale_factor, process_set, False)
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    rop = handle_average_backwards_compatibility(op, average)
+    ts = [_check(t, "allreduce tensor") for t in tensors]
+    return _allreduce(
+        ts,
+        [torch.empty_like(t) for t in ts],
+        name,
+        rop,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        True,
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    rop = handle_average_backwards_compatibility(op, average)
+    ts = [_check(t, "allreduce tensor") for t in tensors]
+    return _allreduce(ts, ts, name, rop, prescale_factor, postscale_factor, process_set, True)
+
+
+# --- allgather ----------------------------------------------------------------------------------
+def _allgather(
+    tensors: Sequence[torch.Tensor], name: str | None, ps: ProcessSet, grouped: bool
+) -> Handle:
+    ts = [_check(t, "allgather tensor") for t in tensors]
+    if not ts:
+        raise ValueError("grouped_allgather needs at least one tensor")
+    for t in ts:
+        if t.dim() == 0:
+            raise ValueError("allgather needs tensors of at least one dimension")
+    if len({t.dtype for t in ts}) != 1:
+        raise ValueError("all tensors of a grouped allgather must have one dtype")
+    req = Request(
+        _auto_name("grouped_allgather" if grouped else "allgather", name),
+        Kind.ALLGATHER,
+        str(ts[0].dtype),
+        tuple(tuple(t.shape) for t in ts),
+    )
+    return _submit(ps, req, ts, None, _all if grouped else _first)
+
+
+def allgather_async(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Concatenate every rank's ``tensor`` along dimension 0 (first dims may differ)."""
+    return _allgather([tensor], name, process_set, False)
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    return _allgather(list(tensors), name, process_set, True)
+
+
+# --- broadcast ----------------------------------------------------------------------------------
+def _broadcast(
+    t: torch.Tensor, out: torch.Tensor, root_rank: int, name: str | None, ps: ProcessSet
+) -> Handle:
+    t = _check(t, "broadcast tensor")
+    root = int(root_rank)
+    if ps.ranks is not None and root not in ps.ranks:
+        raise ValueError(f"root_rank {root} is not a member of {ps}")
+    req = Request(
+        _auto_name("broadcast", name), Kind.BROADCAST, str(t.dtype), (tuple(t.shape),), root=root
+    )
+    return _submit(ps, req, [t], [out], _first)
+
+
+def broadcast_async(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Copy ``tensor`` of ``root_rank`` (a global rank) to a new tensor on every rank."""
+    t = _check(tensor, "broadcast tensor")
+    return _broadcast(t, torch.empty_like(t), root_rank, name, process_set)
+
+
+def broadcast_async_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    t = _check(tensor, "broadcast tensor")
+    return _broadcast(t, t, root_rank, name, process_set)
+
+
+# --- alltoall -------------------------------------------------------------------------------------
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: Any = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Send rows ``splits[j]`` of ``tensor`` to rank j; synchronize gives (output, splits)."""
+    t = _check(tensor, "alltoall tensor")
+    n = process_set.size()
+    if t.dim() == 0:
+        raise ValueError("alltoall needs a tensor of at least one dimension")
+    if splits is None:
+        if t.shape[0] % n:
+            raise ValueError(
+                f"alltoall: the first dimension ({t.shape[0]}) is not divisible by the number "
+                f"of ranks ({n}); give splits"
+            )
+        sp = [t.shape[0] // n] * n
+    else:
+        sp = [int(x) for x in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+        if len(sp) != n or any(x < 0 for x in sp) or sum(sp) != t.shape[0]:
+            raise ValueError(
+                f"alltoall: splits {sp} must be {n} non-negative counts summing to the first "
+                f"dimension {t.shape[0]}"
+            )
+    req = Request(
+        _auto_name("alltoall", name),
+        Kind.ALLTOALL,
+        str(t.dtype),
+        (tuple(t.shape),),
+        splits=tuple(sp),
+    )
+    return _submit(process_set, req, [t], None, _same)
+
+
+# --- reducescatter --------------------------------------------------------------------------------
+def _reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None,
+    op: Any,
+    ps: ProcessSet,
+    prescale_factor: float,
+    postscale_factor: float,
+    grouped: bool,
+) -> Handle:
+    rop = Op.AVERAGE if op is None else Op(int(op))
+    if rop == Op.ADASUM:
+        raise NotImplementedError("reducescatter does not support Adasum")
+    ts = [_check(t, "reducescatter tensor") for t in tensors]
+    if not ts:
+        raise ValueError("grouped_reducescatter needs at least one tensor")
+    for t in ts:
+        if t.dim() == 0:
+            raise ValueError("reducescatter needs tensors of at least one dimension")
+    if len({t.dtype for t in ts}) != 1:
+        raise ValueError("all tensors of a grouped reducescatter must have one dtype")
+    req = Request(
+        _auto_name("grouped_reducescatter" if grouped else "reducescatter", name),
+        Kind.REDUCESCATTER,
+        str(ts[0].dtype),
+        tuple(tuple(t.shape) for t in ts),
+        int(rop),
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
+    )
+    return _submit(ps, req, ts, None, _all if grouped else _first)
+
+
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Reduce over ranks, then give rank i the i-th block of rows (lower ranks get the extra)."""
+    return _reducescatter([tensor], name, op, process_set, prescale_factor, postscale_factor, False)
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    return _reducescatter(
+        list(tensors), name, op, process_set, prescale_factor, postscale_factor, True
+    )
+
+
+# --- control ----------------------------------------------------------------------------------
+def poll(handle: Handle) -> bool:
+    """True once the operation finished (``synchronize`` will not block)."""
+    if not isinstance(handle, Handle):
+        raise ValueError(f"not a handle of an unison.torch operation: {handle!r}")
+    return handle.done()
+
+
+def synchronize(handle: Any) -> Any:
+    """Wait for an operation; return its output (or raise its error)."""
+    if callable(handle) and not isinstance(handle, Handle):
+        return handle()  # sparse allreduce handles
+    if not isinstance(handle, Handle):
+        raise ValueError(f"not a handle of an unison.torch operation: {handle!r}")
+    s = settings()
+    return handle.wait(s.timeout, lambda: "the operation has not finished on every rank")
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of the set reaches the barrier."""
+    req = Request(_auto_name("barrier", None), Kind.BARRIER)
+    synchronize(_submit(process_set, req, [], None, _same))
+
+
+def join(device: int = -1) -> int:
+    """This rank is out of data: it contributes zeros to every allreduce the others run
+    until all ranks have joined. Returns the rank that joined last."""
+    req = Request("__join__", Kind.JOIN)
+    h = _submit(global_process_set, req, [], None, _same)
+    return int(synchronize(h))

@@ -1,0 +1,368 @@
+"""DistributedOptimizer: the user's optimizer, wrapped by composition.
+
+Each parameter's gradient is all-reduced in the background as soon as autograd
+has accumulated it (``register_post_accumulate_grad_hook``), so the reduction of
+late layers overlaps the backward pass of early ones; ``step()`` waits for the
+reductions, writes the averaged gradients back and calls the wrapped optimizer.
+The wrapper is a ``torch.optim.Optimizer`` (LR schedulers accept it) whose
+``param_groups``, ``state`` and ``defaults`` are the wrapped optimizer's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .basics import ProcessSet, global_process_set
+from .compression import Compression, Compressor
+from .functional import sparse_allreduce_async
+from .negotiation import Op
+from .ops import Average, allreduce_async_, grouped_allreduce_async_, synchronize
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Any,
+        compression: type[Compressor],
+        backward_passes_per_step: int,
+        op: Op,
+        gradient_predivide_factor: float,
+        groups: Any,
+        sparse_as_dense: bool,
+        process_set: ProcessSet,
+    ) -> None:
+        # Deliberately no super().__init__: the wrapped optimizer owns every piece of state.
+        object.__setattr__(self, "_unison_inner", optimizer)
+        self._compression = compression
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._names = self._check_names(named_parameters)
+        self._groups = self._make_groups(groups)
+        self._group_of = {p: i for i, g in enumerate(self._groups or []) for p in g}
+        self._handles: dict[Any, tuple[Any, Any]] = {}
+        self._hooks: list[Any] = []
+        self._ready: dict[int, set[Any]] = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self.backward_passes_per_step = backward_passes_per_step
+        self._delay: dict[Any, int] = {}
+        self._requires_update: set[Any] = set()
+        if process_set.included():
+            self._register_hooks()
+        self.set_backward_passes_per_step(backward_passes_per_step)
+
+    # --- the wrapped optimizer's state ------------------------------------------------------
+    @property
+    def param_groups(self) -> Any:
+        return self._unison_inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self._unison_inner.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        return self._unison_inner.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._unison_inner.state = value
+
+    @property
+    def defaults(self) -> Any:
+        return self._unison_inner.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self._unison_inner.defaults = value
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_unison_inner":
+            raise AttributeError(name)
+        return getattr(self._unison_inner, name)
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self._unison_inner!r})"
+
+    def state_dict(self) -> Any:
+        return self._unison_inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._unison_inner.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self._unison_inner.add_param_group(param_group)
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a DistributedOptimizer cannot be pickled; pickle its state_dict()")
+
+    # --- set-up -------------------------------------------------------------------------------
+    def _all_params(self) -> list[Any]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _check_names(self, named_parameters: Any) -> dict[Any, str]:
+        if named_parameters is None:
+            return {
+                p: f"allreduce.noname.{i}.{j}"
+                for i, g in enumerate(self.param_groups)
+                for j, p in enumerate(g["params"])
+            }
+        named = list(named_parameters)
+        if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+            raise ValueError(
+                "named_parameters must be a sequence of (name, parameter) tuples, usually "
+                "model.named_parameters()"
+            )
+        counts: dict[str, int] = {}
+        for n, _ in named:
+            counts[n] = counts.get(n, 0) + 1
+        dups = sorted(n for n, c in counts.items() if c > 1)
+        if dups:
+            raise ValueError(
+                f"parameter names in named_parameters must be unique; duplicates: {', '.join(dups)}"
+            )
+        known = {id(p) for _, p in named}
+        unnamed = [id(p) for p in self._all_params() if id(p) not in known]
+        if unnamed:
+            raise ValueError(
+                "named_parameters was given, but some parameters of the optimizer are not in it "
+                f"(Python object ids: {', '.join(map(str, unnamed))})"
+            )
+        return {p: f"allreduce.{n}" for n, p in named}
+
+    def _make_groups(self, groups: Any) -> list[list[Any]] | None:
+        if groups is None:
+            return None
+        params = [p for p in self._all_params() if p.requires_grad]
+        if isinstance(groups, int):
+            if groups <= 0:
+                return None
+            k = -(-len(params) // groups)
+            return [params[i : i + k] for i in range(0, len(params), k)]
+        out = [list(g) for g in groups]
+        grouped = {id(p) for g in out for p in g}
+        out += [[p] for p in params if id(p) not in grouped]
+        return out
+
+    def _register_hooks(self) -> None:
+        for p in self._all_params():
+            if p.requires_grad:
+                self._requires_update.add(p)
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._hook))
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if passes < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self.backward_passes_per_step = passes
+        for p in self._requires_update:
+            self._delay[p] = passes
+
+    # --- hooks and reductions -------------------------------------------------------------------
+    def _hook(self, p: torch.Tensor) -> None:
+        if p in self._handles and self._handles[p][0] is not None and self._delay[p] <= 0:
+            raise AssertionError(
+                "gradients were computed more than backward_passes_per_step times before "
+                "step(); increase backward_passes_per_step to accumulate gradients locally"
+            )
+        self._delay[p] -= 1
+        handle: Any = None
+        ctx: Any = None
+        if self._delay[p] == 0:
+            if self._groups is None:
+                handle, ctx = self._reduce(p)
+            else:
+                gi = self._group_of.get(p)
+                if gi is None:
+                    handle, ctx = self._reduce(p)
+                else:
+                    ready = self._ready.setdefault(gi, set())
+                    ready.add(p)
+                    if len(ready) == len(self._groups[gi]):
+                        self._reduce_group(gi)
+                        self._ready.pop(gi)
+                    return
+        self._handles[p] = (handle, ctx)
+
+    def _scales(self) -> tuple[float, float]:
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _reduce(self, p: Any) -> tuple[Any, Any]:
+        name = self._names.get(p)
+        grad = p.grad
+        if grad is None:
+            grad = p.grad = torch.zeros_like(p)
+        if grad.is_sparse:
+            if self.sparse_as_dense:
+                grad = p.grad = grad.to_dense()
+            else:
+                return sparse_allreduce_async(grad, str(name), self.op, self.process_set), "sparse"
+        compressed, ctx = self._compression.compress(grad)
+        pre, post = self._scales()
+        h = allreduce_async_(
+            compressed,
+            name=name,
+            op=self.op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=self.process_set,
+        )
+        return h, (compressed, ctx)
+
+    def _reduce_group(self, gi: int) -> None:
+        params = self._groups[gi]  # type: ignore[index]
+        grads, ctxs = [], []
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
+            c, ctx = self._compression.compress(p.grad)
+            grads.append(c)
+            ctxs.append(ctx)
+        pre, post = self._scales()
+        h = grouped_allreduce_async_(
+            grads,
+            name=f"grouped.{self._names[params[0]]}",
+            op=self.op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=self.process_set,
+        )
+        self._handles[tuple(params)] = (h, (grads, ctxs))
+
+    # --- the optimizer interface ----------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait for every gradient's reduction and write the results into ``.grad``."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        done: set[Any] = set()
+        for key in self._handles:
+            done.update(key if isinstance(key, tuple) else (key,))
+        for p in self._requires_update - done:
+            gi = self._group_of.get(p)
+            if gi is not None and self._groups is not None:
+                if not any(isinstance(k, tuple) and any(q is p for q in k) for k in self._handles):
+                    self._reduce_group(gi)
+                    self._ready.pop(gi, None)
+                    done.update(self._groups[gi])
+            else:
+                self._handles[p] = self._reduce(p)
+        for key, (handle, _ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[key] = self._reduce(key)
+        for key, (handle, ctx) in self._handles.items():
+            if ctx == "sparse":
+                key.grad = synchronize(handle)
+            elif isinstance(key, tuple):
+                outs = synchronize(handle)
+                _grads, ctxs = ctx
+                for p, o, c in zip(key, outs, ctxs, strict=True):
+                    self._write(p, o, c)
+                    self._delay[p] = self.backward_passes_per_step
+                continue
+            else:
+                out = synchronize(handle)
+                self._write(key, out, ctx[1])
+            self._delay[key] = self.backward_passes_per_step
+        self._handles.clear()
+        self._synchronized = True
+
+    def _write(self, p: Any, out: torch.Tensor, ctx: Any) -> None:
+        value = self._compression.decompress(out, ctx)
+        if value.data_ptr() != p.grad.data_ptr():
+            p.grad.copy_(value)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside, ``step()`` does not synchronize (call :meth:`synchronize` yourself first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() was called after optimizer.synchronize() without the "
+                    "optimizer.skip_synchronize() context; gradients are reduced again, which "
+                    "slows training down",
+                    stacklevel=2,
+                )
+            self.synchronize()
+        self._synchronized = False
+        return self._unison_inner.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(); this would race with the "
+                "gradient reductions in flight"
+            )
+        self._unison_inner.zero_grad(set_to_none=set_to_none)
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Any = None,
+    compression: type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: Any = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Sequence[Sequence[torch.Tensor]] | int | None = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so gradients are averaged (``op``) over the process set.
+
+    ``gradient_predivide_factor`` splits the averaging: gradients are divided by
+    it before the sum and by ``size / factor`` after. ``num_groups`` or ``groups``
+    reduce parameters in fixed groups (each group as one fused operation).
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    rop = Op(int(op))
+    if gradient_predivide_factor != 1.0 and rop != Average:
+        raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if num_groups != 0:
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` and will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (
+        isinstance(groups, int)
+        or (isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups))
+    ):
+        raise ValueError("groups must be an int or a list of lists of parameters")
+    if isinstance(groups, int) and groups < 0:
+        raise ValueError("groups must be >= 0")
+    return _DistributedOptimizer(
+        optimizer,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        rop,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        process_set,
+    )
