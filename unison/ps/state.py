@@ -87,6 +87,7 @@ class ServerState:
         self.park_timeout = park_timeout
         self.now = now
         self.clocks: dict[int, int] = {w: 0 for w in self.workers}
+        self.barriers: dict[int, int] = {w: 0 for w in self.workers}
         self.gone: set[int] = set()  # left with BYE, or lost
         self.shards: dict[PieceKey, np.ndarray] = {}
         self.info: dict[PieceKey, dict[str, Any]] = {}  # shape, dtype, start, stop
@@ -140,6 +141,8 @@ class ServerState:
                 out.append(self._set_rule(req))
             elif req.op == Op.SAVE:
                 out.append(self._save(req))
+            elif req.op == Op.BARRIER:
+                out.extend(self._barrier(req))
             else:
                 raise _bad(f"unknown request op {req.op}")
         except InvalidArgumentError as exc:
@@ -299,6 +302,15 @@ class ServerState:
             return self.policy.pull_ready(req.clock, self.slowest())
 
         return self._park_or_serve(req, ready, serve, "pull")
+
+    def _barrier(self, req: Request) -> list[Reply]:
+        self.barriers[req.worker] += 1
+        n = self.barriers[req.worker]
+
+        def ready() -> bool:
+            return all(c >= n for w, c in self.barriers.items() if w not in self.gone)
+
+        return self._park_or_serve(req, ready, lambda: self._ok(req), "barrier")
 
     def _set_rule(self, req: Request) -> Reply:
         if len(req.arrays) != 1:

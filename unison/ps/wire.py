@@ -63,6 +63,7 @@ class Op(enum.IntEnum):
     CLOCK = 6  # no reply
     RULE = 7  # set the update rule (a pickled Rule follows)
     SAVE = 8
+    BARRIER = 10  # wait until every worker still in the job has called barrier as often
     BYE = 9  # the worker leaves (metadata 'failed': it is exiting with an error)
 
 

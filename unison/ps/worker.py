@@ -280,6 +280,11 @@ class KVStore:
             ch.notify(Op.CLOCK, self._clock)
         return self._clock
 
+    def barrier(self) -> None:
+        """Wait until every worker still in the job has called ``barrier`` as many times."""
+        self._check_open("barrier")
+        self._channels[0].request(Op.BARRIER, "barrier", self._clock).wait()
+
     # --- configuration, placement, checkpoints ------------------------------------------------
     def set_optimizer(self, rule: Rule) -> None:
         """Make the servers apply ``rule`` to every push (SGD, Adam, Sum, Assign, Custom)."""
