@@ -206,6 +206,13 @@ KNOBS: tuple[Knob, ...] = (
         "directory of a file store, for launchers that provide no store address",
     ),
     Knob(
+        "UNISON_FAULTS",
+        "faults",
+        "",
+        str,
+        "tests only: inject faults, e.g. 'kill@rank=1,op=5' (unison.testing.faults)",
+    ),
+    Knob(
         "UNISON_FUSION_THRESHOLD",
         "fusion_threshold",
         128 << 20,
@@ -284,6 +291,7 @@ class Config:
     check_mismatch: bool = True
     prefix_output: bool = True
     store_path: str = ""
+    faults: str = ""
     fusion_threshold: int = 128 << 20
     cycle_time: float = 0.0
     cache_capacity: int = 1024

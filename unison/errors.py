@@ -90,6 +90,8 @@ class CommunicationError(UnisonError, RuntimeError):
         super().__init__(message)
         #: True when another rank detected the failure and told this one.
         self.remote = remote
+        #: the ABORT notice it came in, relayed unchanged to the group before exiting
+        self.abort_payload: bytes | None = None
         self.op = op
         self.seq = seq
         self.group = group

@@ -100,3 +100,23 @@ def _bad_args() -> None:
 
 def test_bad_arguments_raise_before_sending() -> None:
     spawn(_bad_args, 2)
+
+
+def _timed_out_recv_is_withdrawn() -> None:
+    import time
+
+    r = un.rank()
+    if r == 0:
+        time.sleep(3.0)  # rank 1's first receive (deadline 2 s) has timed out by now
+        un.send(np.full(3, 7.0), dst=1, tag=5)
+    else:
+        a = np.zeros(3)
+        with pytest.raises(un.CollectiveTimeoutError, match="rank 0"):
+            un.irecv(a, src=0, tag=5).wait()
+        b = np.zeros(3)
+        un.irecv(b, src=0, tag=5).wait(timeout=10)
+        assert (b == 7.0).all() and (a == 0).all()
+
+
+def test_a_timed_out_receive_does_not_swallow_the_next_message() -> None:
+    spawn(_timed_out_recv_is_withdrawn, 2, env={"UNISON_TIMEOUT": "2"})

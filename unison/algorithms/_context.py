@@ -124,6 +124,8 @@ class OpContext:
         self.timeout = timeout
         self.segment_bytes = segment_bytes
         self.tag_base = tag_base
+        #: for a signature confirmation: the signature of the operation it confirms
+        self.data_sig: OpSig = sig
         #: called on a timeout with the peers this rank waits for; returns the silent ones
         self.diagnose: Callable[[OpContext, list[int]], list[int]] | None = None
         self._lock = threading.Lock()
@@ -149,7 +151,13 @@ class OpContext:
             self._pending.append(req)
         return req
 
+    def _raise_if_aborted(self) -> None:
+        """Post nothing once the operation is known to have failed elsewhere."""
+        if self._aborted is not None:
+            raise self._aborted
+
     def isend(self, peer: int, step: int, arr: np.ndarray) -> Request:
+        self._raise_if_aborted()
         return self._track(
             self.router.isend(
                 self.ranks[peer], self._key(step), _bytes(arr), self.sig, self.deadline
@@ -157,6 +165,7 @@ class OpContext:
         )
 
     def irecv(self, peer: int, step: int, arr: np.ndarray) -> Request:
+        self._raise_if_aborted()
         return self._track(
             self.router.irecv(self.ranks[peer], self._key(step), _bytes(arr), self.sig)
         )
@@ -180,8 +189,12 @@ class OpContext:
             try:
                 done = req.wait(max(left, 0.0))
             except MismatchError as exc:
+                if exc is self._aborted:
+                    raise
                 raise self._mismatch(req, exc) from None
             except CommunicationError as exc:
+                if self._aborted is not None:  # the root cause beats its consequences
+                    raise self._aborted from None
                 raise self._tag(exc) from None
             if not done:
                 raise self._timeout_error(req)

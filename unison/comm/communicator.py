@@ -97,6 +97,9 @@ class Communicator:
         self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any], async_op: bool
     ) -> Work | None:
         me = self.require_member(op.label)
+        hook = self.rt.op_hook
+        if hook is not None:  # fault injection in tests: runs in the caller's thread
+            hook(self, self._seq + 1, op)
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -144,6 +147,7 @@ class Communicator:
                 self._done = max(self._done, seq)
             return
         try:
+            self._scan_buffered(ctx)
             result = body(ctx)
             if op in ROOTED and cfg.check_mismatch and self.size > 1:
                 confirm(ctx, self._check_context(ctx))
@@ -176,12 +180,14 @@ class Communicator:
             segment_bytes=1 << 16,
             tag_base=1 << 31,
         )
+        check.data_sig = ctx.sig
         check.diagnose = self._diagnose_timeout
         with self._lock:
             self._inflight[ctx.seq] = check
             late = ctx._aborted
         if late is not None:
             check.abort(late)
+        self._scan_buffered(check)
         return check
 
     def _broken_error(self, ctx: OpContext) -> BaseException | None:
@@ -202,18 +208,22 @@ class Communicator:
                 self._broken = exc
         ctx.finish()
         self.rt.forget(self.id, ctx.seq)
-        if isinstance(exc, CommunicationError) and exc.remote:
-            return
-        kind = "mismatch" if isinstance(exc, MismatchError) else type(exc).__name__
-        payload = json.dumps(
-            {
-                "group": self.id,
-                "seq": ctx.seq,
-                "kind": kind,
-                "message": str(exc),
-                "origin": self.rt.rank,
-            }
-        ).encode()
+        relayed = exc.abort_payload if isinstance(exc, CommunicationError) else None
+        if relayed is not None:
+            # Learnt from another rank: pass the same news on before this rank can exit,
+            # so every peer hears it ahead of our goodbye (streams are ordered per peer).
+            payload = relayed
+        else:
+            kind = "mismatch" if isinstance(exc, MismatchError) else type(exc).__name__
+            payload = json.dumps(
+                {
+                    "group": self.id,
+                    "seq": ctx.seq,
+                    "kind": kind,
+                    "message": str(exc),
+                    "origin": self.rt.rank,
+                }
+            ).encode()
         for peer in self.ranks:
             if peer != self.rt.rank:
                 self.rt.send_control(peer, Control.ABORT, payload)
@@ -267,11 +277,22 @@ class Communicator:
         """A frame for operation ``seq`` arrived unasked; if it is another op, fail now."""
         with self._lock:
             ctx = self._inflight.get(seq)
-        if ctx is None or ctx.op is OpCode.CHECK or not self.rt.config.check_mismatch:
+        if ctx is None or not self.rt.config.check_mismatch:
             return
         err = foreign_frame_error(ctx, peer, sig)
         if err is not None:
             ctx.abort(err)
+
+    def _scan_buffered(self, ctx: OpContext) -> None:
+        """Frames of this operation that arrived before it started may already disagree."""
+        if not self.rt.config.check_mismatch:
+            return
+        for t in self.rt.fabric.transports:
+            for peer, sig in t.unexpected_sigs(self.id, ctx.seq):
+                err = foreign_frame_error(ctx, peer, sig)
+                if err is not None:
+                    ctx.abort(err)
+                    return
 
     def peer_lost(self, exc: CommunicationError) -> None:
         with self._lock:
@@ -318,7 +339,15 @@ class Communicator:
             peer, (int(Kind.P2P), self.id, 0, int(tag)), b.array.view(np.uint8), sig
         )
         name = f"recv from rank {peer} (tag {tag})"
-        return RequestWork(name, req, deadline, cfg.timeout, self._p2p_error(name, sig), buf)
+        return RequestWork(
+            name,
+            req,
+            deadline,
+            cfg.timeout,
+            self._p2p_error(name, sig),
+            buf,
+            cancel=lambda r: self.rt.router.cancel(peer, r),
+        )
 
     def _p2p_error(
         self, name: str, mine: OpSig | None = None

@@ -76,11 +76,11 @@ def confirm(data_ctx: OpContext, check: OpContext) -> None:
 
 def foreign_frame_error(ctx: OpContext, peer: int, sig: OpSig) -> MismatchError | None:
     """The error for a frame of ``ctx``'s operation that carries another signature."""
-    if sig.op == OpCode.CHECK or sig == ctx.sig:
+    if sig.op == OpCode.CHECK or sig == ctx.data_sig:
         return None
     return MismatchError(
         f"mismatched collective at {ctx.name}: rank {peer} called {describe(sig)} but rank "
-        f"{ctx.ranks[ctx.rank]} called {describe(ctx.sig)}",
+        f"{ctx.ranks[ctx.rank]} called {describe(ctx.data_sig)}",
         op=ctx.op.label,
         seq=ctx.seq,
         group=ctx.group_id,

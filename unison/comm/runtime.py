@@ -7,10 +7,11 @@ every pair of ranks, and creates the world group. ``shutdown()`` undoes all of i
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -64,6 +65,8 @@ class Runtime:
         self.link = self.fabric.link()
         self.overrides = config.algo_overrides()
         self.groups: dict[int, Communicator] = {}
+        #: called before every collective (fault injection in tests); None normally
+        self.op_hook: Callable[[Communicator, int, Any], None] | None = None
         self._next_gid = 1
         self._lock = threading.Lock()
         self.infos: dict[int, PeerInfo] = {}
@@ -98,6 +101,10 @@ class Runtime:
             self.local_rank, self.local_size = job.local_rank, job.local_size
         if job.cross_rank is not None and job.cross_size is not None:
             self.cross_rank, self.cross_size = job.cross_rank, job.cross_size
+        if cfg.faults:
+            from ..testing.faults import install
+
+            install(self, cfg.faults)
         self.world = Communicator(self, 0, range(self.size))
         self.groups[0] = self.world
 
@@ -187,6 +194,7 @@ class Runtime:
                 ranks=(origin,),
                 remote=True,
             )
+        exc.abort_payload = json.dumps(info).encode()
         comm.remote_abort(seq, exc)
 
     # --- failure report and shutdown --------------------------------------------------------------

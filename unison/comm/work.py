@@ -79,8 +79,10 @@ class RequestWork(Work):
         timeout: float,
         translate: Any,
         result: Any = None,
+        cancel: Any = None,
     ) -> None:
         super().__init__(name)
+        self._cancel = cancel  # withdraws a posted receive that timed out
         self._req = req
         self._deadline = deadline
         self._timeout = timeout
@@ -106,6 +108,8 @@ class RequestWork(Work):
                     self._finish(self._result)
             return True
         if time.monotonic() >= self._deadline:
+            if self._cancel is not None:
+                self._cancel(self._req)  # a later message must not land in this buffer
             with self._lock:
                 if not self._event.is_set():
                     self._finish(

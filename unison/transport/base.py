@@ -74,6 +74,10 @@ class Transport(abc.ABC):
     def forget(self, group: int, seq: int) -> None:
         """Drop buffered messages of an operation that failed."""
 
+    def unexpected_sigs(self, group: int, seq: int) -> list[tuple[int, OpSig]]:
+        """(peer, signature) of messages of one operation that nobody waits for yet."""
+        return []
+
     @abc.abstractmethod
     def close(self) -> None:
         """Say goodbye to every peer and release sockets, threads and memory."""

@@ -103,6 +103,16 @@ class Matcher:
             for slot in [s for s in self._unexpected if s[1][1] == group and s[1][2] == seq]:
                 del self._unexpected[slot]
 
+    def unexpected_sigs(self, group: int, seq: int) -> list[tuple[int, OpSig]]:
+        """(peer, sender signature) of buffered messages of one operation."""
+        with self._lock:
+            return [
+                (slot[0], msg.sig)
+                for slot, queue in self._unexpected.items()
+                if slot[1][1] == group and slot[1][2] == seq
+                for msg in queue
+            ]
+
     def pending_unexpected(self) -> int:
         with self._lock:
             return sum(len(q) for q in self._unexpected.values())

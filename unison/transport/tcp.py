@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -72,6 +73,8 @@ class TcpTransport(Transport):
         self.matcher = Matcher()
         self.conns: dict[int, _Conn] = {}
         self._closing = False
+        #: rewrites each outgoing header (fault injection in tests); None normally
+        self.send_hook: Callable[[int, bytes], bytes] | None = None
 
     # --- connection management (bootstrap hands us authenticated sockets) ----------
     def can_connect(self, me: PeerInfo, peer: PeerInfo) -> bool:
@@ -127,6 +130,8 @@ class TcpTransport(Transport):
 
     def _write(self, conn: _Conn, hdr: bytes, view: np.ndarray | None, deadline: float) -> None:
         """Write one frame; the caller holds ``conn.send_lock``."""
+        if self.send_hook is not None:
+            hdr = self.send_hook(conn.peer, hdr)
         parts: list[memoryview] = [memoryview(hdr)]
         if view is not None and view.nbytes:
             parts.append(_bytes_view(view))
@@ -194,6 +199,9 @@ class TcpTransport(Transport):
 
     def forget(self, group: int, seq: int) -> None:
         self.matcher.drop_group_seq(group, seq)
+
+    def unexpected_sigs(self, group: int, seq: int) -> list[tuple[int, OpSig]]:
+        return self.matcher.unexpected_sigs(group, seq)
 
     @staticmethod
     def _mismatch(req: Request, sig: OpSig, length: int) -> MismatchError:
