@@ -16,13 +16,17 @@ from types import ModuleType
 from ..errors import UnsupportedError
 from ..log import get_logger
 from . import (
+    allgather_shm,
     allreduce_recursive_doubling,
     allreduce_ring,
+    allreduce_shm,
     alltoall_pairwise,
     barrier_dissemination,
     broadcast_binomial,
+    broadcast_shm,
     linear,
     reduce_binomial,
+    reduce_scatter_shm,
     ring_allgather,
     ring_reduce_scatter,
 )
@@ -34,11 +38,11 @@ log = get_logger("select")
 
 #: collective → candidate algorithm modules (name, cost, supports, run).
 REGISTRY: dict[str, tuple[ModuleType, ...]] = {
-    "allreduce": (allreduce_ring, allreduce_recursive_doubling),
-    "broadcast": (broadcast_binomial,),
+    "allreduce": (allreduce_ring, allreduce_recursive_doubling, allreduce_shm),
+    "broadcast": (broadcast_binomial, broadcast_shm),
     "reduce": (reduce_binomial,),
-    "allgather": (ring_allgather,),
-    "reduce_scatter": (ring_reduce_scatter,),
+    "allgather": (ring_allgather, allgather_shm),
+    "reduce_scatter": (ring_reduce_scatter, reduce_scatter_shm),
     "alltoall": (alltoall_pairwise,),
     "gather": (linear,),
     "scatter": (linear,),

@@ -31,6 +31,7 @@ from .. import config as C
 from ..errors import InvalidArgumentError
 from ..jobenv import FAILURE_KEY, parse_failure_record
 from ..store import TCPStoreServer
+from ..transport.shm_segment import cleanup_job
 from .output import OutputForwarder
 from .supervise import (
     RankProcess,
@@ -203,7 +204,10 @@ def run_job(
             stdout=stdout or sys.stdout.buffer,
             stderr=stderr or sys.stderr.buffer,
         )
-        return job.run()
+        try:
+            return job.run()
+        finally:
+            cleanup_job(job_id)  # shared memory of ranks killed before they unlinked it
 
 
 class JobSupervisor:

@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import config as C
 from ..store import TCPStoreServer
+from ..transport.shm_segment import cleanup_job
 
 __all__ = ["ChildFailed", "Outcome", "run_ranks", "spawn"]
 
@@ -172,6 +173,7 @@ def run_ranks(
         for c in pipes:
             c.close()
         server.close()
+        cleanup_job(job_env[C.ENV_JOB_ID])  # segments of ranks killed before unlinking them
 
 
 def spawn(

@@ -6,51 +6,225 @@ then decides, per peer, which transport carries data — the first whose
 host, as NCCL picks the first transport that can connect). ``UNISON_TRANSPORT``
 forces one. The communicator talks to the fabric only (it is the algorithms'
 ``Router``), never to a transport directly.
+
+Shared-memory set-up, over the already authenticated TCP connections:
+
+1. every rank creates its segment and sends each same-host peer a *hello*
+   (segment path and layout, pid, a token for the cross-memory-attach probe);
+2. each maps its peers' segments and answers with an *ack* (mapped or not);
+   a pair uses shared memory only when both sides mapped — both decide alike;
+3. once every ack is in, the owner unlinks its segment (the mappings live on,
+   so no file outlives this point even if the rank is killed);
+4. a *summary* to every rank (all my peers on shm?) makes the link model — and
+   so every algorithm choice — identical on all ranks.
+
+TCP stays connected to every peer: control frames and liveness (a dead rank is
+noticed by its socket closing) go that way whatever carries the data.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 import socket
+import time
 
 import numpy as np
 
+from ..algorithms import shm_arena
 from ..algorithms.cost import Link
-from ..config import Config
+from ..algorithms.shm_arena import Arena, SharedLink
+from ..config import ENV_JOB_ID, Config
+from ..errors import CollectiveTimeoutError, UnsupportedError
+from ..log import get_logger
+from . import cma
 from .base import Events, Key, PeerInfo, Transport
-from .framing import OpSig
+from .framing import Kind, OpSig
 from .request import Request
+from .shm import ShmTransport
+from .shm_ring import Ring
+from .shm_segment import Segment, plan
 from .tcp import TcpTransport
 
-__all__ = ["Fabric"]
+__all__ = ["RING_BYTES", "Fabric"]
+
+log = get_logger("fabric")
+
+#: bytes of each shared-memory ring (one per ordered pair of same-host ranks)
+RING_BYTES = 1 << 19
+_FABRIC_GROUP = 0xFFFFFFFF  # group id of the fabric's own set-up messages
+_HELLO, _ACK, _SUMMARY = 1, 2, 3
+_MSG = 2048
 
 
 class Fabric:
     def __init__(self, rank: int, events: Events, config: Config) -> None:
         self.rank = rank
         self.config = config
-        self.tcp = TcpTransport(rank, events, config.inline_send_bytes)
+        self.events = events
+        inner = Events(self._peer_lost, events.abort, events.unexpected)
+        self.tcp = TcpTransport(rank, inner, config.inline_send_bytes)
+        self.shm: ShmTransport | None = None
         self.transports: list[Transport] = [self.tcp]
         self.route: dict[int, Transport] = {}
+        self.arena: Arena | None = None
+        self.cma_pids: dict[int, int] = {}  # peers whose memory we may read (pid)
+        self._shared_job = False
+        self._segs: list[Segment] = []
+        self._slots: dict[int, memoryview] = {}
+        self._token = np.frombuffer(secrets.token_bytes(16), np.uint8).copy()
 
     def adopt(self, peer: int, sock: socket.socket) -> None:
         """Bootstrap callback: an authenticated connection to ``peer``."""
         self.tcp.attach(peer, sock)
 
+    def _peer_lost(self, peer: int, reason: str, graceful: bool) -> None:
+        if self.shm is not None:
+            self.shm.peer_gone(peer, reason, graceful)
+        self.events.peer_lost(peer, reason, graceful)
+
+    # --- set-up -------------------------------------------------------------------------
     def finish(self, infos: dict[int, PeerInfo]) -> None:
         """Choose the transport of every peer once all connections exist."""
         me = infos.get(self.rank)
-        for peer, info in infos.items():
-            if peer == self.rank:
-                continue
+        peers = sorted(p for p in infos if p != self.rank)
+        if me is None or not peers:
+            return
+        mode = self.config.transport
+        local = [p for p in peers if infos[p].host_id == me.host_id]
+        if mode == "shm" and len(local) < len(peers):
+            far = [p for p in peers if p not in local]
+            raise UnsupportedError(
+                f"UNISON_TRANSPORT=shm, but ranks {far} are on another host than rank "
+                f"{self.rank}; use auto or tcp"
+            )
+        deadline = time.monotonic() + min(self.config.timeout, 120.0)
+        shared: set[int] = set()
+        if local:
+            shared = self._setup_shm(local, deadline, want=mode != "tcp", forced=mode == "shm")
+        for peer in peers:  # first transport that can connect wins (shm is first if set up)
             for t in self.transports:
-                if me is None or t.can_connect(me, info):
+                if (t is not self.shm or peer in shared) and t.can_connect(me, infos[peer]):
                     self.route[peer] = t
                     break
+        self._agree(peers, all(self.route[p] is self.shm for p in peers), deadline)
+
+    def _key(self, tag: int) -> Key:
+        return (int(Kind.P2P), _FABRIC_GROUP, 0, tag)
+
+    def _exchange(
+        self, peers: list[int], tag: int, make: dict[int, dict[str, object]], deadline: float
+    ) -> dict[int, dict[str, object]]:
+        """Send ``make[peer]`` to each peer and receive theirs (fixed-size JSON, over TCP)."""
+        bufs = {p: np.zeros(_MSG, np.uint8) for p in peers}
+        recvs = {p: self.tcp.irecv(p, self._key(tag), bufs[p], OpSig()) for p in peers}
+        sends = []
+        for p in peers:
+            raw = json.dumps(make[p]).encode()
+            out = np.zeros(_MSG, np.uint8)
+            out[: len(raw)] = np.frombuffer(raw, np.uint8)
+            sends.append(self.tcp.isend(p, self._key(tag), out, OpSig(), deadline))
+        got: dict[int, dict[str, object]] = {}
+        for p, req in list(recvs.items()) + [(-1, s) for s in sends]:
+            if not req.wait(max(0.0, deadline - time.monotonic())):
+                raise CollectiveTimeoutError(
+                    f"init: rank {req.peer} did not answer the transport set-up",
+                    op="init",
+                    ranks=[req.peer],
+                )
+            if p >= 0:
+                got[p] = json.loads(bufs[p].tobytes().rstrip(b"\0").decode())
+        return got
+
+    def _setup_shm(self, local: list[int], deadline: float, want: bool, forced: bool) -> set[int]:
+        seg: Segment | None = None
+        slot_bytes = shm_arena.SLOT_BYTES  # read at set-up: tests shrink it
+        layout = plan(local, RING_BYTES, slot_bytes)
+        if want:
+            try:
+                seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size)
+                self._segs.append(seg)
+            except OSError as exc:
+                if forced:
+                    raise UnsupportedError(f"shared memory unavailable: {exc}") from None
+                log.info("no shared-memory segment (%s); using TCP", exc)
+        try:
+            hello: dict[str, object] = {"ok": seg is not None, "pid": os.getpid()}
+            if seg is not None:
+                hello.update(
+                    path=seg.path,
+                    size=layout.size,
+                    ring=layout.rings,
+                    slot=layout.slot_offset,
+                    token=self._token.tobytes().hex(),
+                    token_addr=self._token.ctypes.data,
+                )
+            theirs = self._exchange(local, _HELLO, {p: hello for p in local}, deadline)
+            mapped: dict[int, Segment] = {}
+            for p in local:
+                h = theirs[p]
+                if seg is None or not h.get("ok"):
+                    continue
+                try:
+                    mapped[p] = Segment.attach(str(h["path"]), int(str(h["size"])))
+                except (OSError, KeyError, ValueError) as exc:
+                    log.warning("cannot map rank %d's segment: %s", p, exc)
+                    continue
+                self._segs.append(mapped[p])
+                if cma.probe(
+                    int(str(h["pid"])), int(str(h["token_addr"])), bytes.fromhex(str(h["token"]))
+                ):
+                    self.cma_pids[p] = int(str(h["pid"]))
+            acks = self._exchange(local, _ACK, {p: {"ok": p in mapped} for p in local}, deadline)
+        finally:
+            if seg is not None:
+                seg.unlink()  # every peer that will map it has done so (or failed)
+        shared = {p for p in mapped if acks[p].get("ok")}
+        if forced and len(shared) < len(local):
+            raise UnsupportedError(
+                f"UNISON_TRANSPORT=shm, but shared memory could not be set up with ranks "
+                f"{sorted(set(local) - shared)}"
+            )
+        if not shared or seg is None:
+            return set()
+        self.shm = ShmTransport(self.rank, self.events, seg, len(local) + 1, self.tcp.send_control)
+        for p in sorted(shared):
+            inbound = Ring(seg, layout.rings[p], RING_BYTES)
+            outbound = Ring(mapped[p], ring_of_peer(theirs[p], self.rank), RING_BYTES)
+            self.shm.add_peer(p, inbound, outbound, mapped[p])
+        self.shm.start()
+        self.transports.insert(0, self.shm)
+        slots = {self.rank: seg.view(layout.slot_offset, slot_bytes)}
+        for p in shared:
+            slots[p] = mapped[p].view(int(str(theirs[p]["slot"])), slot_bytes)
+        self._slots = slots
+        return shared
+
+    def _agree(self, peers: list[int], mine: bool, deadline: float) -> None:
+        """Learn whether every rank reaches all its peers by shared memory."""
+        told = self._exchange(peers, _SUMMARY, {p: {"shm": mine} for p in peers}, deadline)
+        self._shared_job = mine and all(bool(told[p].get("shm")) for p in peers)
+        if self._shared_job:
+            self.arena = Arena(self.rank, self._slots, len(self._slots[self.rank]))
+        if log.isEnabledFor(10):  # DEBUG: the choice table every rank computes alike
+            from ..algorithms.select import table
+
+            sizes = [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
+            log.debug("algorithm choices:\n%s", table(len(peers) + 1, self.link(), sizes))
+        log.debug(
+            "routes: %s; shared-memory job: %s; cma peers: %s",
+            {p: t.name for p, t in self.route.items()},
+            self._shared_job,
+            sorted(self.cma_pids),
+        )
 
     def link(self) -> Link:
-        """α/β of the slowest transport in use (every rank computes the same)."""
-        used = set(self.route.values()) or {self.tcp}
-        return Link(max(t.alpha for t in used), max(t.beta for t in used))
+        """The cost model's link, identical on every rank (agreed in :meth:`finish`)."""
+        if self._shared_job:
+            half = shm_arena.SLOT_BYTES // 2
+            return SharedLink(ShmTransport.alpha, ShmTransport.beta, half=half)
+        return Link(self.tcp.alpha, self.tcp.beta)
 
     def _to(self, peer: int) -> Transport:
         return self.route.get(peer, self.tcp)
@@ -66,12 +240,24 @@ class Fabric:
         self._to(peer).cancel(req)
 
     def send_control(self, peer: int, ctl: int, payload: bytes) -> None:
-        self._to(peer).send_control(peer, ctl, payload)
+        self.tcp.send_control(peer, ctl, payload)
 
     def forget(self, group: int, seq: int) -> None:
         for t in self.transports:
             t.forget(group, seq)
 
     def close(self) -> None:
-        for t in self.transports:
+        for t in self.transports:  # shm first: its queued data goes out before GOODBYE
             t.close()
+        if self.arena is not None:
+            self.arena.release()
+            self.arena = None
+        for seg in self._segs:
+            seg.unlink()
+
+
+def ring_of_peer(hello: dict[str, object], rank: int) -> int:
+    rings = hello.get("ring")
+    if not isinstance(rings, dict):
+        raise UnsupportedError("malformed shared-memory hello (no ring table)")
+    return int(rings[str(rank)])

@@ -1,0 +1,217 @@
+"""Shared-memory transport: routing, segment lifetime, direct collectives, fallbacks."""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import unison as un
+from unison import ReduceOp
+from unison.errors import UnsupportedError
+from unison.testing import reduce_oracle, run_ranks, spawn
+from unison.transport.shm_segment import SHM_DIR, Segment, segment_prefix
+
+SHM = {"UNISON_TRANSPORT": "shm", "UNISON_TIMEOUT": "60"}
+
+
+def _leftovers(job: str) -> list[str]:
+    return [n for n in os.listdir(SHM_DIR) if n.startswith(segment_prefix(job))]
+
+
+def _after_init() -> dict[str, object]:
+    from unison.comm.runtime import current
+
+    rt = current()
+    job = os.environ["UNISON_JOB_ID"]
+    return {
+        "routes": sorted({t.name for t in rt.fabric.route.values()}),
+        "files": _leftovers(job),
+        "arena": rt.fabric.arena is not None,
+        "link": type(rt.link).__name__,
+    }
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode,route,link", [("auto", "shm", "SharedLink"), ("tcp", "tcp", "Link")])
+def test_routes_and_segments_unlinked_once_mapped(mode: str, route: str, link: str) -> None:
+    job = f"test-{secrets.token_hex(4)}"
+    outs = spawn(_after_init, 3, env={"UNISON_TRANSPORT": mode, "UNISON_JOB_ID": job})
+    for o in outs:
+        assert o["routes"] == [route]
+        assert o["files"] == [], "a segment outlived the set-up"
+        assert o["arena"] is (route == "shm")
+        assert o["link"] == link
+    assert _leftovers(job) == []
+
+
+def _create_and_die() -> None:
+    Segment.create(os.environ["UNISON_JOB_ID"], un.rank(), 1 << 16)
+    os._exit(9)  # killed between creating and unlinking
+
+
+@pytest.mark.timeout(60)
+def test_spawn_removes_segments_of_killed_ranks() -> None:
+    job = f"test-{secrets.token_hex(4)}"
+    outs = run_ranks(_create_and_die, 2, env={"UNISON_JOB_ID": job}, init=False)
+    assert all(not o.ok for o in outs)
+    assert _leftovers(job) == []
+
+
+@pytest.mark.timeout(60)
+def test_launcher_removes_segments_of_killed_ranks() -> None:
+    from unison.launch.launcher import run_job
+
+    code = (
+        "import os, signal;"
+        "from unison.transport.shm_segment import Segment;"
+        "s = Segment.create(os.environ['UNISON_JOB_ID'], 0, 1 << 16);"
+        "print('JOB', os.environ['UNISON_JOB_ID'], os.path.exists(s.path), flush=True);"
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    out = io.BytesIO()
+    status = run_job([sys.executable, "-c", code], 1, prefix=False, stdout=out, stderr=io.BytesIO())
+    assert status != 0
+    line = next(ln for ln in out.getvalue().decode().splitlines() if ln.startswith("JOB"))
+    _, job, existed = line.split()
+    assert existed == "True"
+    assert _leftovers(job) == []
+
+
+def _grid(algo: str) -> int:
+    p, r = un.size(), un.rank()
+    cases = 0
+    for dtype in (np.float32, np.float64, np.int32, np.float16):
+        for n in (0, 1, p - 1, p + 1, 1000, 5000):
+            for op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.AVG):
+                if op is ReduceOp.AVG and dtype is np.int32:
+                    continue
+                cases += 1
+                rng = np.random.default_rng(cases)
+                ins = [(rng.integers(-8, 8, n)).astype(dtype) for _ in range(p)]
+                x = ins[r].copy()
+                un.all_reduce(x, op=op)
+                want = reduce_oracle(ins, op)
+                np.testing.assert_allclose(x, want, rtol=1e-2, err_msg=f"{algo} {dtype} {n} {op}")
+                big = [(rng.integers(-8, 8, n * p)).astype(dtype) for _ in range(p)]
+                out = np.empty(n, dtype)
+                un.reduce_scatter_tensor(out, big[r], op=op)
+                full = reduce_oracle(big, op)
+                np.testing.assert_allclose(out, full[r * n : (r + 1) * n], rtol=1e-2)
+            g = np.empty(n * p, dtype)
+            un.all_gather_into_tensor(g, ins[r])
+            assert np.array_equal(g, np.concatenate(ins))
+            for root in range(p):
+                b = ins[r].copy() if r == root else np.zeros(n, dtype)
+                un.broadcast(b, src=root)
+                assert np.array_equal(b, ins[root])
+    return cases
+
+
+def _grid_small_slot(algo: str) -> int:
+    from unison.algorithms import shm_arena
+
+    shm_arena.SLOT_BYTES = 4096  # several rounds for every count above ~500 elements
+    un.init()
+    return _grid(algo)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_direct_shm_collectives_against_oracle(p: int) -> None:
+    env = {**SHM, "UNISON_ALGO": "allreduce:shm,reduce_scatter:shm,allgather:shm,broadcast:shm"}
+    outs = run_ranks(_grid_small_slot, p, args=("shm",), env=env, init=False, timeout=110)
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs if not o.ok)
+
+
+def _subgroup_and_big() -> None:
+    p, r = un.size(), un.rank()
+    g = un.new_group([0, 1])
+    if r in (0, 1):
+        x = np.full(300_000, r + 1, np.float32)
+        un.all_reduce(x, group=g)
+        assert np.all(x == 3)
+    x = np.arange(3_000_000, dtype=np.float32) * (r + 1)  # 12 MB: several slot rounds
+    un.all_reduce(x)
+    assert np.array_equal(x, np.arange(3_000_000, dtype=np.float32) * (p * (p + 1) // 2))
+
+
+@pytest.mark.timeout(60)
+def test_subgroups_fall_back_and_large_messages() -> None:
+    spawn(_subgroup_and_big, 3, env=SHM)
+
+
+def _mixed_hosts() -> dict[str, object]:
+    r = int(os.environ["UNISON_RANK"])
+    os.environ["UNISON_HOST_ID"] = f"host-{r // 2}"
+    un.init()
+    from unison.comm.runtime import current
+
+    rt = current()
+    x = np.full(10_000, r + 1.0)
+    un.all_reduce(x)
+    assert np.all(x == 10.0)
+    return {p: t.name for p, t in rt.fabric.route.items()} | {"link": type(rt.link).__name__}
+
+
+@pytest.mark.timeout(60)
+def test_ranks_on_other_hosts_keep_tcp() -> None:
+    outs = run_ranks(_mixed_hosts, 4, env={"UNISON_TIMEOUT": "30"}, init=False)
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs if not o.ok)
+    r0 = outs[0].value
+    assert r0 == {1: "shm", 2: "tcp", 3: "tcp", "link": "Link"}
+
+
+def _forced_shm_across_hosts() -> None:
+    os.environ["UNISON_HOST_ID"] = f"host-{os.environ['UNISON_RANK']}"
+    un.init()
+
+
+@pytest.mark.timeout(60)
+def test_forced_shm_refuses_other_hosts() -> None:
+    outs = run_ranks(_forced_shm_across_hosts, 2, env=SHM, init=False)
+    assert all(not o.ok for o in outs)
+    assert any(o.error_type == UnsupportedError.__name__ and "another host" in o.message
+               for o in outs)  # fmt: skip
+
+
+def _background_progress() -> float:
+    """Rank 0 sends 8 MB (16 rings' worth) and sleeps without waiting; rank 1 still gets it."""
+    n = 8 << 20
+    if un.rank() == 0:
+        w = un.isend(np.full(n, 7, np.uint8), dst=1)
+        time.sleep(3.0)
+        assert w.is_completed()
+        w.wait()
+        return 0.0
+    buf = np.zeros(n, np.uint8)
+    t0 = time.monotonic()
+    un.recv(buf, src=0)
+    assert np.all(buf == 7)
+    return time.monotonic() - t0
+
+
+@pytest.mark.timeout(60)
+def test_isend_progresses_while_the_sender_does_not_wait() -> None:
+    took = spawn(_background_progress, 2, env=SHM)[1]
+    assert took < 2.5, f"the receive needed the sender to wait ({took:.1f}s)"
+
+
+def _choices() -> list[str]:
+    from unison.comm.runtime import current
+
+    rt = current()
+    return [rt.choose(c, un.size(), n).name for c in ("allreduce", "allgather", "broadcast")
+            for n in (8, 1 << 16, 1 << 22, 1 << 28)]  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_every_rank_makes_the_same_choice() -> None:
+    outs = spawn(_choices, 4, env=SHM)
+    assert all(o == outs[0] for o in outs)
+    assert "shm" in outs[0]

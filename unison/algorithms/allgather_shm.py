@@ -1,0 +1,56 @@
+"""Direct shared-memory all-gather: each rank copies every block out of its owner's slot.
+
+Phases, per round: every rank copies its part of its block into its slot half;
+sync; every rank copies the peers' parts out of their slots. One
+synchronisation per round; each byte is copied once in and once out per reader.
+
+Cost per round (n bytes gathered in total): 2(p−1)α + n·c.
+Preconditions: every rank on one host (a :class:`SharedLink`); blocks of equal
+length; the world group (others run :mod:`.ring_allgather`).
+Reference: OpenMPI ``coll/sm``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import ring_allgather
+from ._context import OpContext
+from .cost import Link
+from .shm_arena import SharedLink, arena_of, rounds, sync
+
+__all__ = ["NAME", "cost", "run", "supports"]
+
+NAME = "shm"
+
+
+def cost(p: int, n: int, link: Link) -> float:
+    if not isinstance(link, SharedLink) or p < 2:
+        return math.inf
+    return 2 * (p - 1) * link.alpha * rounds(n // p, link) + n * link.copy
+
+
+def supports(p: int, n: int) -> bool:
+    return True
+
+
+def run(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int) -> None:
+    arena = arena_of(ctx, NAME)
+    if arena is None or ctx.size == 1 or len({len(b) for b in blocks}) != 1:
+        ring_allgather.run(ctx, blocks, seg)
+        return
+    p, me = ctx.size, ctx.rank
+    glob = ctx.ranks
+    m = len(blocks[me])
+    step = arena.elems(blocks[me].dtype)
+    for tag, start in enumerate(range(0, m, step) or [0]):
+        k = min(step, m - start)
+        h = arena.next_half()
+        arena.typed(glob[me], h, k, blocks[me].dtype)[:] = blocks[me][start : start + k]
+        sync(ctx, tag)
+        for q in range(p):
+            if q != me:
+                blocks[q][start : start + k] = arena.typed(glob[q], h, k, blocks[q].dtype)

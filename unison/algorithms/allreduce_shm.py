@@ -1,0 +1,99 @@
+"""Direct shared-memory all-reduce: every rank reduces its 1/p slice out of its peers' slots.
+
+Phases, per round of at most half a slot (see :mod:`.shm_arena`): each rank
+copies the parts of its chunk that others reduce into its slot half; sync; rank
+r reduces slice r of the chunk from its own buffer and every peer's slot (in
+rank order, so the result is the same whatever rank computes it) into its slot
+and its buffer; sync; each rank copies the other reduced slices out of their
+owners' slots. Every slice is reduced exactly once, so all ranks end bitwise
+identical; no message carries data.
+
+Cost per round (n bytes): 4(p−1)α (two synchronisations of p−1 sends and
+receives each) + (2(p−1)+1)/p·n·c (copies in and out; c the local copy cost)
++ ((p−1)/p)·n·γ.
+Preconditions: every rank of the job on one host with shared memory (the link
+is a :class:`SharedLink`); the world group (others run :mod:`.allreduce_ring`).
+Reference: the direct shared-memory reduce-scatter/all-gather of Li et al.,
+"NUMA-aware shared-memory collective communication for MPI" (HPDC 2013), and
+OpenMPI's ``coll/sm``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._types import ReduceOp
+from ..buffers import DType, Kernel, finalize_average
+from . import allreduce_ring
+from ._context import OpContext
+from ._schedule import chunks
+from .cost import Link
+from .shm_arena import SharedLink, arena_of, rounds, sync
+
+__all__ = ["NAME", "cost", "run", "supports"]
+
+NAME = "shm"
+
+
+def cost(p: int, n: int, link: Link) -> float:
+    if not isinstance(link, SharedLink) or p < 2:
+        return math.inf
+    f = (p - 1) / p
+    return (
+        4 * (p - 1) * link.alpha * rounds(n, link)
+        + (2 * f + 1 / p) * n * link.copy
+        + f * n * link.gamma
+    )
+
+
+def supports(p: int, n: int) -> bool:
+    return True
+
+
+def reduce_slice(kern: Kernel, srcs: list[np.ndarray], dst: np.ndarray) -> None:
+    """``dst = srcs[0] op srcs[1] op ...`` (dst may alias none of srcs)."""
+    if len(srcs) == 1:
+        dst[:] = srcs[0]
+        return
+    kern(srcs[0], srcs[1], dst)
+    for s in srcs[2:]:
+        kern(dst, s, dst)
+
+
+def run(
+    ctx: OpContext, arr: np.ndarray, kern: Kernel, op: ReduceOp, dtype: DType, seg: int
+) -> None:
+    arena = arena_of(ctx, NAME)
+    if arena is None or ctx.size == 1:
+        allreduce_ring.run(ctx, arr, kern, op, dtype, seg)
+        return
+    p, me = ctx.size, ctx.rank
+    glob = ctx.ranks
+    step = arena.elems(arr.dtype)
+    tag = 0
+    for start in range(0, len(arr), step) or [0]:
+        chunk = arr[start : start + step]
+        n = len(chunk)
+        parts = chunks(n, p)
+        h = arena.next_half()
+        slots = [arena.typed(glob[q], h, n, arr.dtype) for q in range(p)]
+        mine = slots[me]
+        for j, (o, k) in enumerate(parts):
+            if j != me and k:
+                mine[o : o + k] = chunk[o : o + k]
+        sync(ctx, tag)
+        o, k = parts[me]
+        if k:
+            srcs = [chunk[o : o + k] if q == me else slots[q][o : o + k] for q in range(p)]
+            dst = mine[o : o + k]
+            reduce_slice(kern, srcs, dst)
+            if op is ReduceOp.AVG:
+                finalize_average(dst, dtype, p)
+            chunk[o : o + k] = dst
+        sync(ctx, tag + 1)
+        tag += 2
+        for j, (o, k) in enumerate(parts):
+            if j != me and k:
+                chunk[o : o + k] = slots[j][o : o + k]

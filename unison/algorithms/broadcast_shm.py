@@ -1,0 +1,56 @@
+"""Direct shared-memory broadcast: the root fills its slot, every other rank copies it out.
+
+Phases, per round: the root copies a chunk into its slot half; sync (every rank
+with every other, which also tells the root that the half it reuses two rounds
+later has been read); the others copy the chunk out.
+
+Cost per round (n bytes): 2(p−1)α + 2n·c (the root's copy in, then the readers'
+copies out, which run in parallel).
+Preconditions: every rank on one host (a :class:`SharedLink`); the world group
+(others run :mod:`.broadcast_binomial`).
+Reference: OpenMPI ``coll/sm``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import broadcast_binomial
+from ._context import OpContext
+from .cost import Link
+from .shm_arena import SharedLink, arena_of, rounds, sync
+
+__all__ = ["NAME", "cost", "run", "supports"]
+
+NAME = "shm"
+
+
+def cost(p: int, n: int, link: Link) -> float:
+    if not isinstance(link, SharedLink) or p < 2:
+        return math.inf
+    return 2 * (p - 1) * link.alpha * rounds(n, link) + 2 * n * link.copy
+
+
+def supports(p: int, n: int) -> bool:
+    return True
+
+
+def run(ctx: OpContext, arr: np.ndarray, root: int, seg: int) -> None:
+    arena = arena_of(ctx, NAME)
+    if arena is None or ctx.size == 1:
+        broadcast_binomial.run(ctx, arr, root, seg)
+        return
+    me = ctx.rank
+    src = ctx.ranks[root]
+    step = arena.elems(arr.dtype)
+    for tag, start in enumerate(range(0, len(arr), step) or [0]):
+        chunk = arr[start : start + step]
+        h = arena.next_half()
+        slot = arena.typed(src, h, len(chunk), arr.dtype)
+        if me == root:
+            slot[:] = chunk
+        sync(ctx, tag)
+        if me != root:
+            chunk[:] = slot

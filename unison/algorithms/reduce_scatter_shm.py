@@ -1,0 +1,68 @@
+"""Direct shared-memory reduce-scatter: each rank reduces its block out of its peers' slots.
+
+Phases, per round: every rank copies the parts of its input blocks that the
+others own into its slot half (block j's part at position j); sync; rank r
+reduces, in rank order, its own block and the peers' copies of block r straight
+into its output. One synchronisation per round, no message carries data.
+
+Cost per round (n bytes in total): 2(p−1)α + ((p−1)/p)·n·c + ((p−1)/p)·n·γ.
+Preconditions: every rank on one host (a :class:`SharedLink`); blocks of equal
+length; the world group (others run :mod:`.ring_reduce_scatter`).
+Reference: OpenMPI ``coll/sm``; Li et al. (HPDC 2013).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..buffers import Kernel
+from . import ring_reduce_scatter
+from ._context import OpContext
+from .allreduce_shm import reduce_slice
+from .cost import Link
+from .shm_arena import SharedLink, arena_of, rounds, sync
+
+__all__ = ["NAME", "cost", "run", "supports"]
+
+NAME = "shm"
+
+
+def cost(p: int, n: int, link: Link) -> float:
+    if not isinstance(link, SharedLink) or p < 2:
+        return math.inf
+    f = (p - 1) / p
+    return 2 * (p - 1) * link.alpha * rounds(n, link) + f * n * (link.copy + link.gamma)
+
+
+def supports(p: int, n: int) -> bool:
+    return True
+
+
+def run(
+    ctx: OpContext, inputs: Sequence[np.ndarray], out: np.ndarray, kern: Kernel, seg: int
+) -> None:
+    arena = arena_of(ctx, NAME)
+    if arena is None or ctx.size == 1 or len({len(b) for b in inputs}) != 1:
+        ring_reduce_scatter.run(ctx, inputs, out, kern, seg)
+        return
+    p, me = ctx.size, ctx.rank
+    glob = ctx.ranks
+    m = len(out)
+    step = max(1, arena.elems(out.dtype) // p)
+    for tag, start in enumerate(range(0, m, step) or [0]):
+        k = min(step, m - start)
+        h = arena.next_half()
+        slots = [arena.typed(glob[q], h, k * p, out.dtype) for q in range(p)]
+        mine = slots[me]
+        for j in range(p):
+            if j != me:
+                mine[j * k : (j + 1) * k] = inputs[j][start : start + k]
+        sync(ctx, tag)
+        srcs = [
+            inputs[me][start : start + k] if q == me else slots[q][me * k : (me + 1) * k]
+            for q in range(p)
+        ]
+        reduce_slice(kern, srcs, out[start : start + k])

@@ -1,0 +1,103 @@
+"""The shared slots that direct shared-memory collectives read and reduce in place.
+
+When every rank of the job shares one host, each rank's segment holds a *slot*
+that every other rank has mapped too. The direct algorithms
+(:mod:`.allreduce_shm`, :mod:`.reduce_scatter_shm`, :mod:`.allgather_shm`,
+:mod:`.broadcast_shm`) work in rounds: a rank writes its part of a chunk into
+half of its slot, all ranks synchronise (a zero-byte message to every peer, so
+deadlines, aborts and lost peers behave as in every other algorithm), then each
+reads — and reduces — straight out of its peers' slots.
+
+Slot reuse: round ``r`` (counted over the whole job, identical on every rank)
+uses half ``r % 2``. A rank writes half ``h`` in round ``r`` only after every
+peer's synchronisation message of round ``r − 1``, which that peer sends after
+it finished reading round ``r − 2`` — the last use of half ``h``. So one
+synchronisation per phase suffices and per-rank shared memory stays one slot,
+whatever the message size.
+
+Only the world group uses the slots (its operations run one at a time, in the
+same order on every rank); other groups run the ring algorithms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from ._context import OpContext
+from .cost import Link
+
+__all__ = ["SLOT_BYTES", "Arena", "SharedLink", "arena_of", "rounds", "sync"]
+
+#: bytes of each rank's slot (two halves of SLOT_BYTES / 2 alternate between rounds)
+SLOT_BYTES = 8 << 20
+_EMPTY = np.empty(0, np.uint8)
+
+
+@dataclass(frozen=True)
+class SharedLink(Link):
+    """A link model for a job whose ranks all share one host (direct algorithms apply).
+
+    ``copy``: seconds per byte of one local memory copy (the direct algorithms'
+    data movement, as opposed to ``beta``, a message through a transport ring).
+    """
+
+    copy: float = 1 / 8e9
+    half: int = SLOT_BYTES // 2
+
+
+def rounds(n: int, link: Link) -> int:
+    half = link.half if isinstance(link, SharedLink) else SLOT_BYTES // 2
+    return max(1, math.ceil(n / half))
+
+
+class Arena:
+    """Every rank's slot, mapped here, and the job-wide round counter."""
+
+    def __init__(self, rank: int, slots: dict[int, memoryview], slot_bytes: int) -> None:
+        self.rank = rank
+        self.half = (slot_bytes // 2) // 64 * 64
+        self._slots = {r: np.frombuffer(mv, np.uint8) for r, mv in slots.items()}
+        self._round = 0
+
+    def next_half(self) -> int:
+        h = self._round % 2
+        self._round += 1
+        return h
+
+    def typed(self, rank: int, half: int, count: int, dtype: np.dtype) -> np.ndarray:
+        """``count`` elements of ``dtype`` at the start of ``rank``'s half ``half``."""
+        off = half * self.half
+        return self._slots[rank][off : off + count * dtype.itemsize].view(dtype)
+
+    def elems(self, dtype: np.dtype) -> int:
+        """Elements of ``dtype`` one half holds."""
+        return self.half // dtype.itemsize
+
+    def release(self) -> None:
+        self._slots.clear()
+
+
+def arena_of(ctx: OpContext, algorithm: str) -> Arena | None:
+    """The arena for this operation; None for groups other than the world."""
+    if ctx.group_id != 0:
+        return None
+    arena = getattr(ctx.router, "arena", None)
+    if not isinstance(arena, Arena):
+        raise UnsupportedError(
+            f"{ctx.name}: algorithm {algorithm!r} needs every rank on one host with shared "
+            "memory (UNISON_TRANSPORT is tcp, or the ranks span hosts)"
+        )
+    return arena
+
+
+def sync(ctx: OpContext, step: int) -> None:
+    """Every rank tells every other it reached ``step`` and hears the same from them."""
+    peers = [q for q in range(ctx.size) if q != ctx.rank]
+    reqs = [ctx.irecv(q, step, _EMPTY) for q in peers]
+    reqs += [ctx.isend(q, step, _EMPTY) for q in peers]
+    ctx.wait(*reqs)
+    ctx.reset_pending()

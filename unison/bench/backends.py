@@ -1,0 +1,254 @@
+"""One operation on one implementation: unison, torch.distributed (Gloo) or mpi4py.
+
+A :class:`Case` owns the numpy buffers of one (operation, size) row; ``run()``
+executes the operation once and ``check()`` fills the inputs with known values,
+runs it and compares every output element with what it must be. The three
+backends differ only in how they call the library; buffers, expected values and
+timing are shared, so the comparison is like for like.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Backend", "Case", "make_backend"]
+
+
+def pattern(q: int, n: int, dtype: np.dtype) -> np.ndarray:
+    """Rank ``q``'s input: small integers, so sums are exact in every dtype."""
+    return ((np.arange(n) % 13) + q + 1).astype(dtype)
+
+
+class Case:
+    """Buffers and the expected result of one operation at one size on one rank."""
+
+    def __init__(self, op: str, count: int, dtype: np.dtype, rank: int, size: int) -> None:
+        self.op, self.rank, self.size, self.dtype = op, rank, size, dtype
+        p, r = size, rank
+        m = count // p if op in ("all_gather", "reduce_scatter", "all_to_all") else count
+        self.count = m * p if op in ("all_gather", "reduce_scatter", "all_to_all") else m
+        self.nbytes = self.count * dtype.itemsize
+        self.bufs: dict[str, np.ndarray] = {}
+        if op in ("all_reduce", "broadcast"):
+            self.bufs["x"] = np.zeros(m, dtype)
+        elif op == "all_gather":
+            self.bufs["inp"] = np.zeros(m, dtype)
+            self.bufs["out"] = np.zeros(m * p, dtype)
+        elif op in ("reduce_scatter", "all_to_all"):
+            self.bufs["inp"] = np.zeros(m * p, dtype)
+            self.bufs["out"] = np.zeros(m if op == "reduce_scatter" else m * p, dtype)
+        elif op == "sendrecv":
+            self.bufs["send"] = np.zeros(m, dtype)
+            self.bufs["recv"] = np.zeros(m, dtype)
+        self.m = m
+        self.left, self.right = (r - 1) % p, (r + 1) % p
+        self.run: Callable[[], None] = lambda: None
+
+    def _fill(self) -> tuple[str, np.ndarray]:
+        p, r, m, dt = self.size, self.rank, self.m, self.dtype
+        op = self.op
+        if op == "all_reduce":
+            self.bufs["x"][:] = pattern(r, m, dt)
+            want = sum((pattern(q, m, np.dtype(np.float64)) for q in range(p)), np.zeros(m))
+            return "x", want.astype(dt)
+        if op == "broadcast":
+            self.bufs["x"][:] = pattern(r, m, dt) if r == 0 else 0
+            return "x", pattern(0, m, dt)
+        if op == "all_gather":
+            self.bufs["inp"][:] = pattern(r, m, dt)
+            return "out", np.concatenate([pattern(q, m, dt) for q in range(p)])
+        if op == "reduce_scatter":
+            self.bufs["inp"][:] = pattern(r, m * p, dt)
+            full = sum((pattern(q, m * p, np.dtype(np.float64)) for q in range(p)), np.zeros(m * p))
+            return "out", full[r * m : (r + 1) * m].astype(dt)
+        if op == "all_to_all":
+            self.bufs["inp"][:] = pattern(r, m * p, dt)
+            return "out", np.concatenate(
+                [pattern(q, m * p, dt)[r * m : (r + 1) * m] for q in range(p)]
+            )
+        self.bufs["send"][:] = pattern(r, m, dt)
+        return "recv", pattern(self.left, m, dt)
+
+    def check(self) -> str | None:
+        """Run once on known inputs; None when every element is right, else what is wrong."""
+        name, want = self._fill()
+        self.run()
+        got = self.bufs[name]
+        bad = np.flatnonzero(got != want)
+        if len(bad):
+            i = int(bad[0])
+            return f"{len(bad)} wrong elements; first at {i}: got {got[i]!r}, want {want[i]!r}"
+        return None
+
+
+class Backend:
+    name = "?"
+    rank = 0
+    size = 1
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (None elsewhere)."""
+        raise NotImplementedError
+
+    def bind(self, case: Case) -> str | None:
+        """Set ``case.run``; a reason when this backend cannot run the operation."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class UnisonBackend(Backend):
+    name = "unison"
+
+    def __init__(self) -> None:
+        import unison as un
+
+        un.init()
+        self.un = un
+        self.rank, self.size = un.rank(), un.size()
+
+    def barrier(self) -> None:
+        self.un.barrier()
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        out = self.un.all_gather_object(obj)
+        return list(out) if self.rank == 0 else None
+
+    def bind(self, case: Case) -> str | None:
+        un, b = self.un, case.bufs
+        op = case.op
+        if op == "all_reduce":
+            case.run = lambda: un.all_reduce(b["x"])
+        elif op == "broadcast":
+            case.run = lambda: un.broadcast(b["x"], src=0)
+        elif op == "all_gather":
+            case.run = lambda: un.all_gather_into_tensor(b["out"], b["inp"])
+        elif op == "reduce_scatter":
+            case.run = lambda: un.reduce_scatter_tensor(b["out"], b["inp"])
+        elif op == "all_to_all":
+            case.run = lambda: un.all_to_all_single(b["out"], b["inp"])
+        else:
+            if self.size < 2:
+                return "needs two ranks"
+
+            def sendrecv() -> None:
+                w = un.irecv(b["recv"], src=case.left, tag=7)
+                s = un.isend(b["send"], dst=case.right, tag=7)
+                w.wait()
+                s.wait()
+
+            case.run = sendrecv
+        return None
+
+    def close(self) -> None:
+        self.un.shutdown()
+
+
+class GlooBackend(Backend):
+    name = "gloo"
+
+    def __init__(self, port: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.rank = int(os.environ["UNISON_RANK"])
+        self.size = int(os.environ["UNISON_SIZE"])
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank, world_size=self.size
+        )
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        out: list[Any] = [None] * self.size
+        self.dist.all_gather_object(out, obj)
+        return out if self.rank == 0 else None
+
+    def bind(self, case: Case) -> str | None:
+        dist = self.dist
+        t = {k: self.torch.from_numpy(v) for k, v in case.bufs.items()}
+        op = case.op
+        if op == "all_reduce":
+            case.run = lambda: dist.all_reduce(t["x"])
+        elif op == "broadcast":
+            case.run = lambda: dist.broadcast(t["x"], 0)
+        elif op == "all_gather":
+            case.run = lambda: dist.all_gather_into_tensor(t["out"], t["inp"])
+        elif op == "reduce_scatter":
+            case.run = lambda: dist.reduce_scatter_tensor(t["out"], t["inp"])
+        elif op == "all_to_all":
+            case.run = lambda: dist.all_to_all_single(t["out"], t["inp"])
+        else:
+            if self.size < 2:
+                return "needs two ranks"
+
+            def sendrecv() -> None:
+                w = dist.irecv(t["recv"], src=case.left)
+                s = dist.isend(t["send"], dst=case.right)
+                w.wait()
+                s.wait()
+
+            case.run = sendrecv
+        return None
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+class MpiBackend(Backend):
+    name = "mpi"
+
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        out = self.comm.gather(obj, root=0)
+        return list(out) if out is not None else None
+
+    def bind(self, case: Case) -> str | None:
+        c, b, MPI = self.comm, case.bufs, self.MPI
+        op = case.op
+        if op == "all_reduce":
+            case.run = lambda: c.Allreduce(MPI.IN_PLACE, b["x"])
+        elif op == "broadcast":
+            case.run = lambda: c.Bcast(b["x"], root=0)
+        elif op == "all_gather":
+            case.run = lambda: c.Allgather(b["inp"], b["out"])
+        elif op == "reduce_scatter":
+            case.run = lambda: c.Reduce_scatter_block(b["inp"], b["out"])
+        elif op == "all_to_all":
+            case.run = lambda: c.Alltoall(b["inp"], b["out"])
+        else:
+            if self.size < 2:
+                return "needs two ranks"
+            case.run = lambda: c.Sendrecv(
+                b["send"], dest=case.right, recvbuf=b["recv"], source=case.left
+            )
+        return None
+
+
+def make_backend(impl: str, port: int) -> Backend:
+    if impl == "unison":
+        return UnisonBackend()
+    if impl == "gloo":
+        return GlooBackend(port)
+    if impl == "mpi":
+        return MpiBackend()
+    raise ValueError(f"unknown implementation {impl!r}")

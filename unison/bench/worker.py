@@ -1,0 +1,137 @@
+"""What every benchmark rank runs: ``python -m unison.bench.worker IMPL SPEC OUT``.
+
+Per (operation, size): allocate the buffers, check the result once on known
+inputs, warm up, barrier, time ``iters`` runs one by one; then rank 0 gathers
+every rank's per-iteration times, takes the slowest rank of each iteration and
+the median over iterations, and writes the rows (JSON lines) to OUT. It also
+records the rank's peak resident memory during the row (``VmHWM`` after
+resetting it through ``/proc/self/clear_refs``).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from .backends import Case, make_backend
+from .spec import BenchSpec, bus_factor
+
+__all__ = ["main", "peak_rss", "reset_peak_rss"]
+
+
+def reset_peak_rss() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss() -> int:
+    """Peak resident set size of this process in bytes (0 where unknown)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _progress(total: int, name: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=f"{name:>6}", unit="row", file=sys.stderr, leave=False)
+
+
+def sweep(impl: str, spec: BenchSpec, port: int) -> list[dict[str, Any]]:
+    be = make_backend(impl, port)
+    dtype = np.dtype(spec.dtype)
+    p = be.size
+    rows: list[dict[str, Any]] = []
+    bar = _progress(len(spec.ops) * len(spec.sizes), impl, be.rank == 0 and sys.stderr.isatty())
+    np.seterr(all="ignore")
+    try:
+        for op in spec.ops:
+            for size in spec.sizes:
+                row: dict[str, Any] = {"impl": impl, "op": op, "size": size, "np": p}
+                rows.append(row)
+                if bar is not None:
+                    bar.set_postfix_str(f"{op} {size}B")
+                    bar.update(1)
+                count = size // dtype.itemsize
+                parts = p if op in ("all_gather", "reduce_scatter", "all_to_all") else 1
+                if count < parts or count == 0:
+                    row["skipped"] = "size below one element per rank"
+                    continue
+                gc.collect()
+                reset_peak_rss()
+                case = Case(op, count, dtype, be.rank, p)
+                why = be.bind(case)
+                if why is not None:
+                    row["skipped"] = why
+                    continue
+                row.update(size=case.nbytes, count=case.count)
+                try:
+                    err = case.check() if spec.check else None
+                except Exception as exc:  # a peer's unsupported operation
+                    row["skipped"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    continue
+                for _ in range(spec.warmup if case.nbytes < 64 << 20 else 1):
+                    case.run()
+                be.barrier()
+                times = []
+                for _ in range(spec.iters_for(case.nbytes)):
+                    t0 = time.perf_counter()
+                    case.run()
+                    times.append(time.perf_counter() - t0)
+                got = be.gather([err, times, peak_rss()])
+                if got is None:
+                    continue
+                errs = [f"rank {r}: {e}" for r, (e, _, _) in enumerate(got) if e]
+                slowest = [max(t[i] for _, t, _ in got) for i in range(len(times))]
+                med = statistics.median(slowest)
+                algbw = case.nbytes / med / 1e9 if med > 0 else 0.0
+                row.update(
+                    time_us=med * 1e6,
+                    algbw=algbw,
+                    busbw=algbw * bus_factor(op, p),
+                    iters=len(times),
+                    peak_rss=max(r for _, _, r in got),
+                    buffer_bytes=sum(int(b.nbytes) for b in case.bufs.values()),
+                    correct=not errs,
+                )
+                if errs:
+                    row["error"] = "; ".join(errs)[:500]
+                del case
+    finally:
+        if bar is not None:
+            bar.close()
+        be.close()
+    return rows if be.rank == 0 else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    impl, spec_json, out, port = argv[0], argv[1], argv[2], int(argv[3])
+    rows = sweep(impl, BenchSpec.from_json(spec_json), port)
+    if rows:
+        with open(out, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""One rank's shared-memory segment: its doorbell, its inbound rings, its slot.
+
+Every rank creates exactly one segment, ``/dev/shm/unison-<job>-r<rank>-<token>``,
+sized once at start-up: a header page (the doorbell futex word and the
+"sleeping" flag), one single-producer/single-consumer ring per local peer (the
+peer writes, this rank reads), and a fixed *slot* that direct collective
+algorithms read and reduce in place. The owner unlinks the file as soon as
+every peer has mapped it, so a rank killed afterwards leaves nothing behind;
+the launcher removes ``unison-<job>-*`` for the short window before that.
+
+Layout (offsets in bytes; 64-byte cache lines keep writers apart)::
+
+    0      doorbell u32 (bumped by anyone who hands this rank work)
+    64     sleeping u32 (1 while this rank's progress thread sleeps on the doorbell)
+    4096   ring i: head u64 @+0 (peer writes), tail u64 @+64 (owner writes), data @+128
+    ...    slot (page aligned)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import secrets
+from dataclasses import dataclass
+
+__all__ = ["SHM_DIR", "Layout", "Segment", "cleanup_job", "segment_prefix"]
+
+SHM_DIR = "/dev/shm"
+_PAGE = 4096
+RING_CTL = 128
+
+
+def segment_prefix(job_id: str) -> str:
+    """The file-name prefix every segment of ``job_id`` starts with."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id or "nojob")[:64]
+    return f"unison-{safe}-"
+
+
+def cleanup_job(job_id: str, directory: str = SHM_DIR) -> list[str]:
+    """Remove segments a job left (ranks killed before unlinking). Returns the names."""
+    prefix = segment_prefix(job_id)
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the rings and the slot are; sent to peers in the hello."""
+
+    size: int
+    rings: dict[int, int]  # sender rank -> offset of its ring in this segment
+    ring_bytes: int
+    slot_offset: int
+    slot_bytes: int
+
+
+def plan(peers: list[int], ring_bytes: int, slot_bytes: int) -> Layout:
+    rings, off = {}, _PAGE
+    for p in sorted(peers):
+        rings[p] = off
+        off += RING_CTL + ring_bytes
+    slot_off = (off + _PAGE - 1) // _PAGE * _PAGE
+    return Layout(slot_off + slot_bytes, rings, ring_bytes, slot_off, slot_bytes)
+
+
+class Segment:
+    """A mapped segment: created (and later unlinked) by its owner, attached by peers."""
+
+    def __init__(self, path: str, mm: mmap.mmap, owner: bool) -> None:
+        self.path = path
+        self.mm = mm
+        self.owner = owner
+        self.unlinked = not owner
+        self.bell = ctypes.c_uint32.from_buffer(mm, 0)
+        self.sleeping = ctypes.c_uint32.from_buffer(mm, 64)
+        self.bell_addr = ctypes.addressof(self.bell)
+
+    @classmethod
+    def create(cls, job_id: str, rank: int, size: int) -> Segment:
+        name = f"{segment_prefix(job_id)}r{rank}-{os.getpid()}-{secrets.token_hex(4)}"
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        return cls(path, mm, owner=True)
+
+    @classmethod
+    def attach(cls, path: str, size: int) -> Segment:
+        if os.path.dirname(path) != SHM_DIR or not os.path.basename(path).startswith("unison-"):
+            raise OSError(f"refusing to map {path!r}: not a unison segment")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if os.fstat(fd).st_size != size:
+                raise OSError(f"{path}: size differs from the announced {size} bytes")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        return cls(path, mm, owner=False)
+
+    def u64(self, offset: int) -> ctypes.c_uint64:
+        return ctypes.c_uint64.from_buffer(self.mm, offset)
+
+    def view(self, offset: int, length: int) -> memoryview:
+        return memoryview(self.mm)[offset : offset + length]
+
+    def unlink(self) -> None:
+        """Remove the name (the owner only); mappings stay valid."""
+        if self.owner and not self.unlinked:
+            self.unlinked = True
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
