@@ -64,7 +64,7 @@ _SUPPORTED = {
     torch.float64,
     torch.bool,
 }
-_names = itertools.count()
+_names: dict[int | None, itertools.count[int]] = {}
 _names_lock = threading.Lock()
 
 
@@ -89,11 +89,14 @@ def handle_average_backwards_compatibility(op: Any, average: Any) -> Op:
     return Op.AVERAGE
 
 
-def _auto_name(kind: str, name: str | None) -> str:
+def _auto_name(kind: str, name: str | None, ps: ProcessSet) -> str:
+    """``name``, or the next generated one; counted per process set, so ranks that run
+    the same operations on a set generate the same names whatever else they run."""
     if name is not None:
         return str(name)
     with _names_lock:
-        return f"{kind}.noname.{next(_names)}"
+        counter = _names.setdefault(ps.process_set_id, itertools.count())
+        return f"{kind}.noname.{next(counter)}"
 
 
 def _check(t: Any, what: str) -> torch.Tensor:
@@ -156,7 +159,7 @@ def _allreduce(
     if op == Op.ADASUM and process_set is not global_process_set:
         raise NotImplementedError("Adasum does not support non-global process sets yet.")
     req = Request(
-        _auto_name("grouped_allreduce" if grouped else "allreduce", name),
+        _auto_name("grouped_allreduce" if grouped else "allreduce", name, process_set),
         Kind.ALLREDUCE,
         str(ts[0].dtype),
         tuple(tuple(t.shape) for t in ts),
@@ -249,7 +252,7 @@ def _allgather(
     if len({t.dtype for t in ts}) != 1:
         raise ValueError("all tensors of a grouped allgather must have one dtype")
     req = Request(
-        _auto_name("grouped_allgather" if grouped else "allgather", name),
+        _auto_name("grouped_allgather" if grouped else "allgather", name, ps),
         Kind.ALLGATHER,
         str(ts[0].dtype),
         tuple(tuple(t.shape) for t in ts),
@@ -281,7 +284,11 @@ def _broadcast(
     if ps.ranks is not None and root not in ps.ranks:
         raise ValueError(f"root_rank {root} is not a member of {ps}")
     req = Request(
-        _auto_name("broadcast", name), Kind.BROADCAST, str(t.dtype), (tuple(t.shape),), root=root
+        _auto_name("broadcast", name, ps),
+        Kind.BROADCAST,
+        str(t.dtype),
+        (tuple(t.shape),),
+        root=root,
     )
     return _submit(ps, req, [t], [out], _first)
 
@@ -334,7 +341,7 @@ def alltoall_async(
                 f"dimension {t.shape[0]}"
             )
     req = Request(
-        _auto_name("alltoall", name),
+        _auto_name("alltoall", name, process_set),
         Kind.ALLTOALL,
         str(t.dtype),
         (tuple(t.shape),),
@@ -365,7 +372,7 @@ def _reducescatter(
     if len({t.dtype for t in ts}) != 1:
         raise ValueError("all tensors of a grouped reducescatter must have one dtype")
     req = Request(
-        _auto_name("grouped_reducescatter" if grouped else "reducescatter", name),
+        _auto_name("grouped_reducescatter" if grouped else "reducescatter", name, ps),
         Kind.REDUCESCATTER,
         str(ts[0].dtype),
         tuple(tuple(t.shape) for t in ts),
@@ -421,7 +428,7 @@ def synchronize(handle: Any) -> Any:
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the set reaches the barrier."""
-    req = Request(_auto_name("barrier", None), Kind.BARRIER)
+    req = Request(_auto_name("barrier", None, process_set), Kind.BARRIER)
     synchronize(_submit(process_set, req, [], None, _same))
 
 

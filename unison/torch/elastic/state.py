@@ -8,7 +8,12 @@ from typing import Any
 
 import torch
 
-from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from ..functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 
 __all__ = ["ObjectState", "State", "TorchState"]
 
@@ -115,5 +120,11 @@ class TorchState(ObjectState):
         if self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
         for k, s in self._samplers.items():
-            s.load_state_dict(broadcast_object(s.state_dict(), 0, name=f"elastic.sampler.{k}"))
+            # every rank processed different samples: the union is what is done
+            sd = broadcast_object(s.state_dict(), 0, name=f"elastic.sampler.{k}")
+            done = allgather_object(
+                s.state_dict().get("processed_indices", []), name=f"elastic.sampler.{k}.done"
+            )
+            sd["processed_indices"] = sorted({i for part in done for i in part})
+            s.load_state_dict(sd)
         super().sync()
