@@ -3,6 +3,8 @@ state; Horovod's argument checks and warnings."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from ._util import hvd_spawn
@@ -166,6 +168,18 @@ OPTIMIZERS = [
 ]
 
 
+def _sparse_loss(emb, r):  # type: ignore[no-untyped-def]
+    import torch
+
+    return emb(torch.tensor([r % 5, 2])).sum()
+
+
+def _dense_loss(lin, r):  # type: ignore[no-untyped-def]
+    import torch
+
+    return (lin(torch.ones(2, 3) * (r + 1)) ** 2).sum()
+
+
 def _bcast_opt_state() -> list[str]:
     import torch
 
@@ -181,11 +195,11 @@ def _bcast_opt_state() -> list[str]:
         if name == "SparseAdam":
             emb = torch.nn.Embedding(5, 3, sparse=True)
             params = list(emb.parameters())
-            loss_fn = lambda: emb(torch.tensor([r % 5, 2])).sum()
+            loss_fn = functools.partial(_sparse_loss, emb, r)
         else:
             lin = torch.nn.Linear(3, 4, bias=False)
             params = list(lin.parameters())
-            loss_fn = lambda: (lin(torch.ones(2, 3) * (r + 1)) ** 2).sum()
+            loss_fn = functools.partial(_dense_loss, lin, r)
         kwargs = {"lr": 0.01 * (r + 1)}
         try:
             opt = cls(params, **kwargs)
