@@ -7,7 +7,7 @@ Set ``UNISON_FAULTS`` in a rank's environment (or pass it through
     UNISON_FAULTS="stop@rank=2,op=3,seconds=6"    SIGSTOP rank 2 for 6 s at its 3rd collective
     UNISON_FAULTS="exit@rank=0,op=2,code=3"       os._exit(3), no goodbye
     UNISON_FAULTS="raise@rank=1,op=4"             an uncaught RuntimeError in the caller
-    UNISON_FAULTS="corrupt@rank=1,op=2"           garble the header of the next frame sent
+    UNISON_FAULTS="corrupt@rank=1,op=2"           garble the header of the next TCP frame sent
 
 Several faults are separated by ``;``. Operations are counted per process over all
 groups, from 1. ``install`` is called by :func:`unison.init` when the knob is set;
@@ -52,8 +52,15 @@ def parse(spec: str) -> list[Fault]:
                 raise InvalidArgumentError(f"UNISON_FAULTS: {part!r} is not key=value")
             fields[k.strip()] = v.strip()
         try:
-            out.append(Fault(kind, int(fields["rank"]), int(fields.get("op", "1")),
-                             float(fields.get("seconds", "5")), int(fields.get("code", "1"))))
+            out.append(
+                Fault(
+                    kind,
+                    int(fields["rank"]),
+                    int(fields.get("op", "1")),
+                    float(fields.get("seconds", "5")),
+                    int(fields.get("code", "1")),
+                )
+            )
         except (KeyError, ValueError) as exc:
             raise InvalidArgumentError(f"UNISON_FAULTS: bad {item!r}: {exc}") from None
     return out
@@ -62,9 +69,13 @@ def parse(spec: str) -> list[Fault]:
 def stop_process(pid: int, seconds: float) -> None:
     """SIGSTOP ``pid`` now and have a detached helper SIGCONT it after ``seconds``."""
     subprocess.Popen(
-        [sys.executable, "-c",
-         f"import os,time,signal; time.sleep({seconds}); os.kill({pid}, signal.SIGCONT)"],
-        start_new_session=True, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-c",
+            f"import os,time,signal; time.sleep({seconds}); os.kill({pid}, signal.SIGCONT)",
+        ],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
     )
     os.kill(pid, signal.SIGSTOP)
 
