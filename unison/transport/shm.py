@@ -371,7 +371,7 @@ class ShmTransport(Transport):
             self.events.peer_lost(peer, reason, False)
         return moved
 
-    def wait_for(self, req: Request, timeout: float | None) -> bool:
+    def wait_for(self, req: ShmRequest, timeout: float | None) -> bool:
         """Spin, then yield, then block until ``req`` is done; False on timeout."""
         now = time.monotonic()
         deadline = now + (timeout if timeout is not None else 1e9)
