@@ -35,6 +35,7 @@ from .shm_arena import SharedLink, arena_of, rounds, sync
 __all__ = ["NAME", "cost", "run", "supports"]
 
 NAME = "shm"
+BLOCK = 256 << 10  # bytes reduced per kernel call
 
 
 def cost(p: int, n: int, link: Link) -> float:
@@ -85,13 +86,14 @@ def run(
                 mine[o : o + k] = chunk[o : o + k]
         sync(ctx, tag)
         o, k = parts[me]
-        if k:
-            srcs = [chunk[o : o + k] if q == me else slots[q][o : o + k] for q in range(p)]
-            dst = mine[o : o + k]
+        for b in range(o, o + k, BLOCK // arr.itemsize) if k else ():
+            e = min(o + k, b + BLOCK // arr.itemsize)  # a cache-sized block at a time
+            srcs = [chunk[b:e] if q == me else slots[q][b:e] for q in range(p)]
+            dst = mine[b:e]
             reduce_slice(kern, srcs, dst)
             if op is ReduceOp.AVG:
                 finalize_average(dst, dtype, p)
-            chunk[o : o + k] = dst
+            chunk[b:e] = dst  # read back while the block is still in cache
         sync(ctx, tag + 1)
         tag += 2
         for j, (o, k) in enumerate(parts):
