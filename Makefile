@@ -4,20 +4,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit clean
+.PHONY: demo primitives test lint typecheck unit soak fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,torch]'
+	$(BIN)/pip install -q -e '.[dev,torch,examples]'
 	touch $(STAMP)
 
+# The main job: data-parallel training of a CNN on scikit-learn's digits, 2 ranks,
+# through unison.torch (a Horovod script with `import unison.torch as hvd`).
 demo: $(STAMP)
+	$(BIN)/unison run -np 2 $(BIN)/python examples/pytorch_digits.py
+
+# Every primitive of the core API once, on 4 ranks.
+primitives: $(STAMP)
 	$(BIN)/unison run -np 4 $(BIN)/python examples/primitives.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check unison tests examples
-	$(BIN)/ruff format --check unison tests examples || true
+	$(BIN)/ruff format --check unison tests examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy unison
@@ -26,6 +32,15 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck unit
+
+# 20,000 random operations at np=4, every result checked (a short form runs in `make test`).
+soak: $(STAMP)
+	$(BIN)/unison run -np 4 $(BIN)/python -m unison.testing.soak --ops 20000 --seed 1
+
+# The network-facing parsers under many more generated inputs.
+fuzz: $(STAMP)
+	$(BIN)/python -m pytest -q tests/fuzz tests/transport/test_framing_matching.py \
+		tests/store/test_store_proto.py -p no:cacheprovider --hypothesis-profile=fuzz
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

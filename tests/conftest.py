@@ -11,3 +11,11 @@ for _k in [k for k in os.environ if k.startswith(("UNISON_", "HOROVOD_"))]:
 def small_segments() -> dict[str, str]:
     """Environment forcing several pipeline segments for modest messages."""
     return {"UNISON_SEGMENT_BYTES": "1K", "UNISON_TIMEOUT": "30"}
+
+
+from hypothesis import settings  # noqa: E402
+
+# `make fuzz` selects this profile: many more examples, no per-example deadline.
+settings.register_profile("fuzz", max_examples=20000, deadline=None)
+settings.register_profile("default", deadline=None)
+settings.load_profile("default")

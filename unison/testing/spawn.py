@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import secrets
 import signal
 import time
@@ -83,17 +84,21 @@ def _child(
             pass
     out.elapsed = time.monotonic() - start
     try:
-        conn.send(out)
+        # plain pickle: multiprocessing's pickler would share torch tensors through
+        # file descriptors that die with this process
+        conn.send_bytes(pickle.dumps(out))
     except Exception:
-        conn.send(
-            Outcome(
-                rank,
-                out.ok,
-                repr(out.value),
-                out.error_type,
-                out.message,
-                out.traceback,
-                elapsed=out.elapsed,
+        conn.send_bytes(
+            pickle.dumps(
+                Outcome(
+                    rank,
+                    out.ok,
+                    repr(out.value),
+                    out.error_type,
+                    out.message,
+                    out.traceback,
+                    elapsed=out.elapsed,
+                )
             )
         )
     conn.close()
@@ -152,7 +157,7 @@ def run_ranks(
             ):
                 r = waiting.pop(conn)
                 try:
-                    outcomes[r] = conn.recv()  # type: ignore[union-attr,call-arg,assignment]
+                    outcomes[r] = pickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
                 except EOFError:
                     procs[r].join(5)
                     outcomes[r] = Outcome(r, False, exitcode=procs[r].exitcode)
