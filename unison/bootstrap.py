@@ -27,6 +27,8 @@ from .transport.handshake import accept_handshake, connect_handshake, job_digest
 __all__ = ["advertise_address", "connect_mesh", "host_identity"]
 
 log = get_logger("bootstrap")
+#: unfinished handshakes on the peer port at once; further connections are closed
+MAX_PENDING_HANDSHAKES = 32
 
 
 def host_identity() -> str:
@@ -68,6 +70,38 @@ def advertise_address(store_host: str | None, interface: str = "") -> str:
         probe.close()
 
 
+def _connect(
+    info: PeerInfo, secret: bytes, job: bytes, rank: int, deadline: float
+) -> socket.socket:
+    """Connect and authenticate to ``info``'s listener, retrying while it is busy (e.g.
+    strangers hold its handshake slots) until the deadline."""
+    pause = 0.05
+    while True:
+        sock = None
+        try:
+            sock = socket.create_connection((info.addr, info.port), timeout=10)
+            connect_handshake(
+                sock, secret, job, rank, info.rank, min(deadline, time.monotonic() + 10)
+            )
+            return sock
+        except AuthenticationError:
+            if sock is not None:
+                sock.close()
+            raise
+        except (OSError, struct.error) as exc:
+            if sock is not None:
+                sock.close()
+            if time.monotonic() + pause >= deadline:
+                raise CollectiveTimeoutError(
+                    f"init: could not connect to rank {info.rank} at {info.addr}:{info.port}: "
+                    f"{exc}",
+                    op="init",
+                    ranks=[info.rank],
+                ) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+
 def connect_mesh(
     store: Store,
     rank: int,
@@ -101,7 +135,7 @@ def connect_mesh(
     def handshake(sock: socket.socket) -> None:
         try:
             peer = accept_handshake(
-                sock, secret, job, rank, size, min(deadline, time.monotonic() + 10)
+                sock, secret, job, rank, size, min(deadline, time.monotonic() + 5)
             )
         except (OSError, AuthenticationError, struct.error) as exc:
             log.warning("rejected a connection to the peer port: %s", exc)
@@ -115,6 +149,14 @@ def connect_mesh(
             accepted[peer] = sock
             cond.notify_all()
 
+    slots = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+
+    def guarded(sock: socket.socket) -> None:
+        try:
+            handshake(sock)
+        finally:
+            slots.release()
+
     def accept_loop() -> None:
         while time.monotonic() < deadline:
             with cond:
@@ -126,7 +168,12 @@ def connect_mesh(
                 continue
             except OSError:
                 return
-            threading.Thread(target=handshake, args=(sock,), daemon=True).start()
+            if not slots.acquire(blocking=False):
+                # Too many unfinished handshakes (a flood): refuse rather than grow threads.
+                log.warning("refused a connection to the peer port: too many pending handshakes")
+                sock.close()
+                continue
+            threading.Thread(target=guarded, args=(sock,), daemon=True).start()
 
     acceptor = threading.Thread(target=accept_loop, name="unison-accept", daemon=True)
     acceptor.start()
@@ -146,10 +193,7 @@ def connect_mesh(
                 ) from None
             infos[peer] = PeerInfo(**json.loads(raw))
         for peer in range(rank):
-            info = infos[peer]
-            sock = socket.create_connection((info.addr, info.port), timeout=10)
-            connect_handshake(sock, secret, job, rank, peer, deadline)
-            adopt(peer, sock)
+            adopt(peer, _connect(infos[peer], secret, job, rank, deadline))
         with cond:
             while len(accepted) < len(expected):
                 left = deadline - time.monotonic()
