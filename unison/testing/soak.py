@@ -110,7 +110,7 @@ def soak(ops: int, seed: int = 1, max_bytes: int = 4 << 20) -> SoakReport:
     pending: list[tuple[Any, Any, str]] = []  # (work, check, description) of operations
     wrong = 0
     failures: list[str] = []
-    base: tuple[float, int, int] | None = None
+    base: tuple[float, int, int, float, float] | None = None
     start = time.monotonic()
 
     def settle() -> None:
