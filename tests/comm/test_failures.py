@@ -140,3 +140,21 @@ def test_silent_peer_times_out_naming_it() -> None:
         assert "all_reduce #2" in text, text
         assert took < 10
     assert outs[2][0].startswith(("AbortedError", "CollectiveTimeoutError")), outs[2]
+
+
+def _group_mismatch() -> str:
+    g = un.new_group([0, 1])
+    try:
+        if un.rank() == 0:
+            un.all_reduce(np.ones(4))
+        else:
+            un.all_reduce(np.ones(4), group=g)
+    except un.CollectiveTimeoutError as exc:
+        return str(exc)
+    raise AssertionError("no error")
+
+
+def test_collectives_on_different_groups_are_diagnosed_at_the_timeout() -> None:
+    msgs = spawn(_group_mismatch, 2, env={"UNISON_TIMEOUT": "2"}, timeout=40)
+    assert "group 1" in msgs[0] and "different collectives" in msgs[0], msgs[0]
+    assert "group 0" in msgs[1] and "different collectives" in msgs[1], msgs[1]

@@ -127,7 +127,8 @@ class OpContext:
         #: for a signature confirmation: the signature of the operation it confirms
         self.data_sig: OpSig = sig
         #: called on a timeout with the peers this rank waits for; returns the silent ones
-        self.diagnose: Callable[[OpContext, list[int]], list[int]] | None = None
+        #: (and notes on what the silent ranks are doing instead, if known)
+        self.diagnose: Callable[[OpContext, list[int]], tuple[list[int], list[str]]] | None = None
         self._lock = threading.Lock()
         self._pending: list[Request] = []
         self._aborted: BaseException | None = None
@@ -201,7 +202,7 @@ class OpContext:
 
     def _timeout_error(self, req: Request) -> CollectiveTimeoutError:
         waiting = sorted({r.peer for r in self._pending if not r.done()} | {req.peer})
-        silent = self.diagnose(self, waiting) if self.diagnose is not None else waiting
+        silent, notes = self.diagnose(self, waiting) if self.diagnose else (waiting, [])
         me = self.ranks[self.rank]
         text = (
             f"{self.name} timed out after {self.timeout:g}s: "
@@ -209,6 +210,8 @@ class OpContext:
         )
         if silent != waiting:
             text += f" (rank {me} was waiting for {', '.join(map(str, waiting))})"
+        if notes:
+            text += "; " + "; ".join(notes)
         return CollectiveTimeoutError(
             text, op=self.op.label, seq=self.seq, group=self.group_id, ranks=silent
         )

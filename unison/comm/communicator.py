@@ -240,7 +240,7 @@ class Communicator:
                 return
         ctx.abort(exc)
 
-    def _diagnose_timeout(self, ctx: OpContext, waiting: list[int]) -> list[int]:
+    def _diagnose_timeout(self, ctx: OpContext, waiting: list[int]) -> tuple[list[int], list[str]]:
         """Tell the group this rank timed out, hear who else did; the rest are silent."""
         me = self.rt.rank
         payload = json.dumps(
@@ -250,6 +250,7 @@ class Communicator:
                 "kind": "timeout-notice",
                 "origin": me,
                 "waiting": waiting,
+                "doing": f"{ctx.name} {describe(ctx.data_sig)}",
             }
         ).encode()
         for peer in self.ranks:
@@ -264,8 +265,16 @@ class Communicator:
                     break
                 self._notice_cv.wait(left)
             reported = set(self._notices.get(ctx.seq, {}))
-        silent = [r for r in others if r not in reported]
-        return silent or waiting
+        silent = [r for r in others if r not in reported] or waiting
+        notes = []
+        for r in silent:
+            elsewhere = self.rt.stuck.get(r)
+            if elsewhere is not None and (elsewhere[0], elsewhere[1]) != (self.id, ctx.seq):
+                notes.append(
+                    f"rank {r} is itself blocked in {elsewhere[2]}: the ranks are in different "
+                    "collectives (or groups)"
+                )
+        return silent, notes
 
     def timeout_notice(self, seq: int, origin: int, waiting: list[int]) -> None:
         with self._notice_cv:

@@ -65,6 +65,8 @@ class Runtime:
         self.link = self.fabric.link()
         self.overrides = config.algo_overrides()
         self.groups: dict[int, Communicator] = {}
+        #: what a rank said it was blocked in when it timed out: rank -> (group, seq, text)
+        self.stuck: dict[int, tuple[int, int, str]] = {}
         #: called before every collective (fault injection in tests); None normally
         self.op_hook: Callable[[Communicator, int, Any], None] | None = None
         self._next_gid = 1
@@ -180,6 +182,7 @@ class Runtime:
         if comm is None:
             return
         if info.get("kind") == "timeout-notice":
+            self.stuck[origin] = (gid, seq, str(info.get("doing", "?")))
             waiting = info.get("waiting")
             comm.timeout_notice(seq, origin, list(waiting) if isinstance(waiting, list) else [])
             return
