@@ -72,7 +72,8 @@ class OutputForwarder:
             self._finish(stream)
             return
         stream.pending += chunk
-        cut = stream.pending.rfind(b"\n") + 1
+        # \r ends a line too: progress bars (tqdm) update in place, each with its prefix
+        cut = max(stream.pending.rfind(b"\n"), stream.pending.rfind(b"\r")) + 1
         if cut == 0 and len(stream.pending) >= _MAX_LINE:
             cut = len(stream.pending)
         if cut:
