@@ -76,7 +76,6 @@ def sweep(impl: str, spec: BenchSpec, port: int) -> list[dict[str, Any]]:
                     row["skipped"] = "size below one element per rank"
                     continue
                 gc.collect()
-                reset_peak_rss()
                 case = Case(op, count, dtype, be.rank, p)
                 why = be.bind(case)
                 if why is not None:
@@ -88,6 +87,8 @@ def sweep(impl: str, spec: BenchSpec, port: int) -> list[dict[str, Any]]:
                 except Exception as exc:  # a peer's unsupported operation
                     row["skipped"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                     continue
+                gc.collect()
+                reset_peak_rss()  # the peak of the timed runs, not of the check's temporaries
                 for _ in range(spec.warmup if case.nbytes < 64 << 20 else 1):
                     case.run()
                 be.barrier()
