@@ -28,8 +28,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy unison
 
+# The whole suite (on one host ranks use shared memory), then the collectives again
+# with TCP forced: both transports must pass.
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q
+	UNISON_TEST_TRANSPORT=tcp $(BIN)/python -m pytest -q tests/comm
 
 test: lint typecheck unit
 

@@ -5,6 +5,10 @@ import pytest
 # Tests must not inherit a job environment from the shell that runs them.
 for _k in [k for k in os.environ if k.startswith(("UNISON_", "HOROVOD_"))]:
     del os.environ[_k]
+# ...except the transport under test: `UNISON_TEST_TRANSPORT=tcp pytest` runs every
+# spawned rank with UNISON_TRANSPORT=tcp (the suite must pass on shm and on tcp).
+if os.environ.get("UNISON_TEST_TRANSPORT"):
+    os.environ["UNISON_TRANSPORT"] = os.environ["UNISON_TEST_TRANSPORT"]
 
 
 @pytest.fixture

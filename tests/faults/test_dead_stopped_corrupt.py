@@ -128,7 +128,8 @@ def _corrupt() -> str:
     return "no error"
 
 
-def test_corrupted_frame_fails_cleanly_naming_the_sender() -> None:
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_corrupted_frame_fails_cleanly_naming_the_sender(transport: str) -> None:
     outs = run_ranks(
         _corrupt,
         2,
@@ -136,10 +137,10 @@ def test_corrupted_frame_fails_cleanly_naming_the_sender() -> None:
         env={
             "UNISON_FAULTS": "corrupt@rank=1,op=2",
             "UNISON_TIMEOUT": "20",
-            "UNISON_TRANSPORT": "tcp",
+            "UNISON_TRANSPORT": transport,
         },
     )
-    assert outs[0].ok and "rank 1" in outs[0].value and "protocol error" in outs[0].value, outs[
+    assert outs[0].ok and "rank 1" in outs[0].value and "bad magic" in outs[0].value, outs[
         0
     ].describe()
     assert outs[1].ok and outs[1].value != "no error", outs[1].describe()

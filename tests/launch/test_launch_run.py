@@ -234,8 +234,10 @@ def test_earlier_failure_record_wins(tmp_path: Path) -> None:
         if RANK == 0:
             s.set(FAILURE_KEY.format(rank=0), failure_record("OSError: disk", time.time() - 5))
             signal.signal(signal.SIGTERM, lambda *a: sys.exit(6))
+            s.set("rank0-ready", b"1")  # record and handler in place before rank 1 fails
         all_started()
         if RANK == 1:
+            s.get("rank0-ready", timeout=20)
             s.set(FAILURE_KEY.format(rank=1), failure_record("PeerLostError: rank 0"))
             sys.exit(1)
         time.sleep(60)

@@ -7,7 +7,7 @@ Set ``UNISON_FAULTS`` in a rank's environment (or pass it through
     UNISON_FAULTS="stop@rank=2,op=3,seconds=6"    SIGSTOP rank 2 for 6 s at its 3rd collective
     UNISON_FAULTS="exit@rank=0,op=2,code=3"       os._exit(3), no goodbye
     UNISON_FAULTS="raise@rank=1,op=4"             an uncaught RuntimeError in the caller
-    UNISON_FAULTS="corrupt@rank=1,op=2"           garble the header of the next TCP frame sent
+    UNISON_FAULTS="corrupt@rank=1,op=2"           garble the header of the next frame sent
 
 Several faults are separated by ``;``. Operations are counted per process over all
 groups, from 1. ``install`` is called by :func:`unison.init` when the knob is set;
@@ -115,4 +115,6 @@ def install(rt: Any, spec: str) -> None:
     inj = _Injector(rt, parse(spec))
     if inj.faults:
         rt.op_hook = inj.on_op
-        rt.fabric.tcp.send_hook = inj.on_send
+        for transport in rt.fabric.transports:
+            if hasattr(transport, "send_hook"):
+                transport.send_hook = inj.on_send
