@@ -11,6 +11,8 @@ from ..transport.request import Request
 
 __all__ = ["Work"]
 
+_LOCK = threading.Lock()  # guards each Work's done flag and its lazily made event
+
 
 class Work:
     """An asynchronous operation.
@@ -23,18 +25,31 @@ class Work:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None  # made only if someone must block
         self._error: BaseException | None = None
         self._result: Any = None
 
     # --- completion (called by the engine) --------------------------------------------
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        self._result = result
-        self._error = error
-        self._event.set()
+        with _LOCK:
+            self._result = result
+            self._error = error
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
 
     def _wait_done(self, timeout: float | None) -> bool:
-        return self._event.wait(timeout)
+        if self._done:
+            return True
+        with _LOCK:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     # --- public ------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> bool:
@@ -91,7 +106,7 @@ class RequestWork(Work):
         self._lock = threading.Lock()
 
     def _wait_done(self, timeout: float | None) -> bool:
-        if self._event.is_set():
+        if self._done:
             return True
         left = self._deadline - time.monotonic()
         limit = left if timeout is None else min(timeout, left)
@@ -99,19 +114,19 @@ class RequestWork(Work):
             done = self._req.wait(max(limit, 0.0))
         except CommunicationError as exc:
             with self._lock:
-                if not self._event.is_set():
+                if not self._done:
                     self._finish(self._result, self._translate(exc))
             return True
         if done:
             with self._lock:
-                if not self._event.is_set():
+                if not self._done:
                     self._finish(self._result)
             return True
         if time.monotonic() >= self._deadline:
             if self._cancel is not None:
                 self._cancel(self._req)  # a later message must not land in this buffer
             with self._lock:
-                if not self._event.is_set():
+                if not self._done:
                     self._finish(
                         self._result,
                         CollectiveTimeoutError(

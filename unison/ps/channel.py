@@ -54,7 +54,7 @@ class Joined(Work):
         self._lock = threading.Lock()
 
     def _wait_done(self, timeout: float | None) -> bool:
-        if self._event.is_set():
+        if self._done:
             return True
         end = None if timeout is None else time.monotonic() + timeout
         for p in self.parts:
@@ -62,7 +62,7 @@ class Joined(Work):
             if not p._wait_done(left):
                 return False
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
                 err = next((p.exception() for p in self.parts if p.exception()), None)
                 if err is not None:
                     self._finish(error=err)

@@ -105,6 +105,8 @@ class Matcher:
 
     def unexpected_sigs(self, group: int, seq: int) -> list[tuple[int, OpSig]]:
         """(peer, sender signature) of buffered messages of one operation."""
+        if not self._unexpected:  # the common case, without taking the lock
+            return []
         with self._lock:
             return [
                 (slot[0], msg.sig)

@@ -70,14 +70,14 @@ class ShmRequest(Request):
         self._tx = tx
 
     def wait(self, timeout: float | None) -> bool:
-        if not self._event.is_set() and not self._tx.wait_for(self, timeout):
+        if not self._done and not self._tx.wait_for(self, timeout):
             return False
         if self._error is not None:
             raise self._error
         return True
 
     def wait_event(self, timeout: float) -> bool:
-        return self._event.wait(timeout)
+        return self.wait_done(timeout)
 
 
 class _Out:
