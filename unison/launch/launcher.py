@@ -1,7 +1,8 @@
-"""``unison run -np N command ...``: start a local job and supervise it.
+"""``unison run -np N [-H host:n,...] command ...``: start a job and supervise it.
 
 The launcher generates a per-job secret and id, serves the job's
-:class:`~unison.store.TCPStoreServer` on 127.0.0.1, starts N ranks with the
+:class:`~unison.store.TCPStoreServer` (on 127.0.0.1; on 0.0.0.0, advertised as
+``--store-addr``, when ranks run on other hosts — see :mod:`.hosts`), starts N ranks with the
 ``UNISON_*`` (and Horovod's ``HOROVOD_*``) environment, forwards their output and
 watches them. One failure fails the job: the first rank to fail is named with its
 exit code or signal and its reason (the :data:`~unison.jobenv.FAILURE_KEY`
@@ -32,6 +33,16 @@ from ..errors import InvalidArgumentError
 from ..jobenv import FAILURE_KEY, parse_failure_record
 from ..store import TCPStoreServer
 from ..transport.shm_segment import cleanup_job
+from .hosts import (
+    DEFAULT_RSH,
+    Slot,
+    add_host_options,
+    allocate,
+    host_list,
+    is_local,
+    remote_argv,
+    store_endpoint,
+)
 from .output import OutputForwarder
 from .supervise import (
     RankProcess,
@@ -47,8 +58,7 @@ __all__ = ["JobSupervisor", "configure_parser", "main", "rank_environment", "run
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL
 DRAIN_SECONDS = 2.0  # output still read after the last rank exited
 EXIT_JOB_TIMEOUT = 124
-EXIT_NOT_FOUND = 127
-EXIT_CANNOT_RUN = 126
+EXIT_NOT_FOUND, EXIT_CANNOT_RUN = 127, 126
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -60,7 +70,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         type=int,
         required=True,
         metavar="N",
-        help="number of ranks to start on this host",
+        help="number of ranks (on this host, or spread over -H/--hostfile hosts)",
     )
     p.add_argument(
         "--timeout",
@@ -89,6 +99,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not prefix output lines with [rank] (or UNISON_PREFIX_OUTPUT=0)",
     )
+    add_host_options(p)
     p.add_argument(
         "command",
         nargs=argparse.REMAINDER,
@@ -112,6 +123,10 @@ def main(args: argparse.Namespace) -> int:
             job_timeout=args.job_timeout,
             prefix=prefix,
             servers=args.servers,
+            hosts=host_list(args.hosts, args.hostfile),
+            rsh=args.rsh,
+            store_addr=args.store_addr,
+            network_interface=args.network_interface,
         )
     except InvalidArgumentError as exc:
         print(f"unison run: {exc}", file=sys.stderr)
@@ -128,16 +143,20 @@ def rank_environment(
     job_id: str,
     timeout: float | None = None,
     servers: int = 0,
+    slot: Slot | None = None,
+    network_interface: str | None = None,
 ) -> dict[str, str]:
-    """The environment of one rank of a single-host job (the last ``servers`` ranks serve)."""
+    """The environment of one rank (the last ``servers`` ranks serve); ``slot`` places it
+    on a host of a multi-host job (else every rank shares this host)."""
     env = dict(base)
+    slot = slot or Slot(rank, "localhost", rank, size, 0, 1)
     ident = {
         "RANK": rank,
         "SIZE": size,
-        "LOCAL_RANK": rank,
-        "LOCAL_SIZE": size,
-        "CROSS_RANK": 0,
-        "CROSS_SIZE": 1,
+        "LOCAL_RANK": slot.local_rank,
+        "LOCAL_SIZE": slot.local_size,
+        "CROSS_RANK": slot.cross_rank,
+        "CROSS_SIZE": slot.cross_size,
     }
     for name, value in ident.items():
         env[f"UNISON_{name}"] = str(value)
@@ -145,7 +164,9 @@ def rank_environment(
     env[C.ENV_STORE_ADDR] = f"{store[0]}:{store[1]}"
     env[C.ENV_SECRET] = secret.hex()
     env[C.ENV_JOB_ID] = job_id
-    env["HOROVOD_HOSTNAME"] = "localhost"
+    env["HOROVOD_HOSTNAME"] = slot.host
+    if network_interface:
+        env["UNISON_NETWORK_INTERFACE"] = network_interface
     env["PYTHONUNBUFFERED"] = "1"
     if timeout is not None:
         env["UNISON_TIMEOUT"] = repr(float(timeout))
@@ -166,8 +187,13 @@ def run_job(
     stdout: BinaryIO | None = None,
     stderr: BinaryIO | None = None,
     servers: int = 0,
+    hosts: Sequence[tuple[str, int]] | None = None,
+    rsh: str = DEFAULT_RSH,
+    store_addr: str | None = None,
+    network_interface: str | None = None,
 ) -> int:
-    """Run ``command`` as ``np`` ranks on this host; the job's exit status."""
+    """Run ``command`` as ``np`` ranks, on this host or over ``hosts`` ((name, slots) in
+    order, remote ones started through the ``rsh`` template); the job's exit status."""
     if np < 1:
         raise InvalidArgumentError(f"-np must be >= 1, got {np}")
     if not 0 <= servers < np:
@@ -180,20 +206,32 @@ def run_job(
     secret = secrets.token_bytes(32)
     job_id = f"{int(time.time())}-{os.getpid()}-{secrets.token_hex(3)}"
     base = os.environ if env is None else env
-    with TCPStoreServer("127.0.0.1", 0, secret, max_connections=max(1024, 4 * np)) as server:
+    slots = allocate(hosts, np) if hosts else [Slot(r, "localhost", r, np, 0, 1) for r in range(np)]
+    remote = any(not is_local(s.host) for s in slots)
+    advertised, bind = "127.0.0.1", ("127.0.0.1", 0)
+    if remote or store_addr or network_interface:
+        advertised, port = store_endpoint(store_addr, network_interface)
+        bind = ("0.0.0.0", port)  # the job secret guards it; every host must reach it
+    with TCPStoreServer(*bind, secret, max_connections=max(1024, 4 * np)) as server:
         server.start()
         envs = [
             rank_environment(
                 base,
-                rank=r,
+                rank=s.rank,
                 size=np,
-                store=server.address,
+                store=(advertised, server.address[1]),
                 secret=secret,
                 job_id=job_id,
                 timeout=timeout,
                 servers=servers,
+                slot=s,
+                network_interface=network_interface,
             )
-            for r in range(np)
+            for s in slots
+        ]
+        argvs = [
+            list(command) if is_local(s.host) else remote_argv(rsh, s.host, command, e)
+            for s, e in zip(slots, envs, strict=True)
         ]
         job = JobSupervisor(
             command,
@@ -203,6 +241,8 @@ def run_job(
             prefix=prefix,
             stdout=stdout or sys.stdout.buffer,
             stderr=stderr or sys.stderr.buffer,
+            argvs=argvs,
+            hosts=[s.host for s in slots] if hosts else None,
         )
         try:
             return job.run()
@@ -223,8 +263,12 @@ class JobSupervisor:
         prefix: bool,
         stdout: BinaryIO,
         stderr: BinaryIO,
+        argvs: Sequence[Sequence[str]] | None = None,
+        hosts: Sequence[str] | None = None,
     ) -> None:
         self.command = list(command)
+        self.argvs = [list(a) for a in argvs] if argvs else [self.command] * len(envs)
+        self.hosts = list(hosts) if hosts else None
         self.envs = list(envs)
         self.server = server
         self.job_timeout = job_timeout
@@ -273,14 +317,15 @@ class JobSupervisor:
     def _start_all(self) -> int | None:
         for rank, env in enumerate(self.envs):
             try:
-                rp = start_rank(rank, self.command, env)
+                rp = start_rank(rank, self.argvs[rank], env)
             except OSError as exc:
                 self._stop("failure", 0)
                 self._finish_kill()
+                what = self.argvs[rank][0]
                 if isinstance(exc, FileNotFoundError):
-                    self._say(f"cannot start {self.command[0]!r}: command not found")
+                    self._say(f"cannot start {what!r}: command not found")
                     return EXIT_NOT_FOUND
-                self._say(f"cannot start {self.command[0]!r}: {exc.strerror or exc}")
+                self._say(f"cannot start {what!r}: {exc.strerror or exc}")
                 return EXIT_CANNOT_RUN
             self.ranks.append(rp)
             out_fd, err_fd = take_pipes(rp)
@@ -381,7 +426,8 @@ class JobSupervisor:
         assert rp.returncode is not None
         self.output.close_all()  # the last stderr line must be in
         why = why or self.output.last_stderr_line(rp.rank)
-        line = f"rank {rp.rank} failed first ({describe_exit(rp.returncode)})"
+        where = f" on host {self.hosts[rp.rank]}" if self.hosts else ""
+        line = f"rank {rp.rank}{where} failed first ({describe_exit(rp.returncode)})"
         self._say(f"{line}: {why}" if why else line)
         return exit_status(rp.returncode)
 
