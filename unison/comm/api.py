@@ -93,22 +93,32 @@ def new_group(ranks: Sequence[int] | None = None) -> Group:
 
 def send(buf: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> None:
     """Send ``buf`` to rank ``dst``; messages with one tag arrive in order."""
-    _g(group).isend(buf, dst, tag).wait()
+    isend(buf, dst, tag, group).wait()
 
 
 def recv(buf: BufferLike, src: int, tag: int = 0, group: Group | None = None) -> None:
     """Receive a message from rank ``src`` with ``tag`` into ``buf``."""
-    _g(group).irecv(buf, src, tag).wait()
+    irecv(buf, src, tag, group).wait()
 
 
 def isend(buf: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start sending ``buf`` to ``dst``; do not modify ``buf`` until the Work completes."""
-    return _g(group).isend(buf, dst, tag)
+    g = _g(group)
+    be = _c._backend(g)
+    if be is not None:
+        b, peer = g._p2p_args(buf, dst, tag, "send", writable=False)
+        return be.isend(g, b, peer, int(tag))
+    return g.isend(buf, dst, tag)
 
 
 def irecv(buf: BufferLike, src: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start receiving from ``src`` into ``buf``."""
-    return _g(group).irecv(buf, src, tag)
+    g = _g(group)
+    be = _c._backend(g)
+    if be is not None:
+        b, peer = g._p2p_args(buf, src, tag, "recv", writable=True)
+        return be.irecv(g, b, peer, int(tag))
+    return g.irecv(buf, src, tag)
 
 
 @overload

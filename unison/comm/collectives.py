@@ -1,14 +1,17 @@
 """The collectives: validate every argument, pick an algorithm, submit in order.
 
 Validation happens before anything is sent, on the caller's thread, and raises
-:class:`InvalidArgumentError`. Signatures (op, dtype, count, reduce op, root)
+:class:`InvalidArgumentError`. Then the validated buffers go to the job's engine:
+the native one below (algorithms chosen by cost, run in order by the communicator),
+or an external :class:`unison.backends.Backend` (``mpi``, ``torch``) when
+``unison.init(backend=...)`` picked one. Signatures (op, dtype, count, reduce op, root)
 ride in every frame so ranks that disagree get a :class:`MismatchError`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +22,9 @@ from ..buffers import Buffer, as_buffer, check_op, kernel
 from ..errors import InvalidArgumentError
 from .communicator import Communicator
 from .work import Work
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
 
 __all__ = [
     "all_gather",
@@ -69,6 +75,12 @@ def _split(arr: np.ndarray, parts: int, each: int) -> list[np.ndarray]:
     return [arr[i * each : (i + 1) * each] for i in range(parts)]
 
 
+def _backend(comm: Communicator) -> Backend | None:
+    """The external engine of this job, or None for the native one."""
+    be: Backend | None = getattr(comm.rt, "backend", None)
+    return be
+
+
 def _choose(comm: Communicator, coll: str, nbytes: int) -> Any:
     return comm.rt.choose(coll, comm.size, nbytes).module
 
@@ -77,6 +89,9 @@ def broadcast(comm: Communicator, buf: Any, src: int, async_op: bool) -> Work | 
     comm.require_member("broadcast")
     b = as_buffer(buf, "broadcast buffer")
     root = comm.group_rank(src, "src")
+    be = _backend(comm)
+    if be is not None:
+        return be.broadcast(comm, b, root, async_op)
     algo = _choose(comm, "broadcast", b.nbytes)
 
     def body(ctx: OpContext) -> None:
@@ -91,6 +106,9 @@ def all_reduce(comm: Communicator, buf: Any, op: Any, async_op: bool) -> Work | 
     b = as_buffer(buf, "all_reduce buffer")
     rop = _op(op)
     kern = kernel(rop, b.dtype)
+    be = _backend(comm)
+    if be is not None:
+        return be.all_reduce(comm, b, rop, async_op)
     algo = _choose(comm, "allreduce", b.nbytes)
 
     def body(ctx: OpContext) -> None:
@@ -106,6 +124,9 @@ def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> W
     rop = _op(op)
     kern = kernel(rop, b.dtype)
     root = comm.group_rank(dst, "dst")
+    be = _backend(comm)
+    if be is not None:
+        return be.reduce(comm, b, root, rop, async_op)
     algo = _choose(comm, "reduce", b.nbytes)
 
     def body(ctx: OpContext) -> None:
@@ -118,6 +139,9 @@ def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> W
 def _allgather_submit(
     comm: Communicator, b: Buffer, blocks: list[np.ndarray], async_op: bool, result: Any
 ) -> Work | None:
+    be = _backend(comm)
+    if be is not None:
+        return be.all_gather(comm, b, blocks, async_op, result)
     algo = _choose(comm, "allgather", b.nbytes * comm.size)
     me = comm.require_member("all_gather")
 
@@ -168,6 +192,9 @@ def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int, async_op: b
     root = comm.group_rank(dst, "dst")
     outs = _rooted_list(comm, gather_list, "gather_list", b, me == root, writable=True)
     blocks = None if outs is None else [o.array for o in outs]
+    be = _backend(comm)
+    if be is not None:
+        return be.gather(comm, b, blocks, root, async_op)
 
     def body(ctx: OpContext) -> None:
         linear.gather(ctx, b.array, blocks, root)
@@ -184,6 +211,9 @@ def scatter(
     root = comm.group_rank(src, "src")
     ins = _rooted_list(comm, scatter_list, "scatter_list", b, me == root, writable=False)
     blocks = None if ins is None else [i.array for i in ins]
+    be = _backend(comm)
+    if be is not None:
+        return be.scatter(comm, b, blocks, root, async_op)
 
     def body(ctx: OpContext) -> None:
         linear.scatter(ctx, b.array, blocks, root)
@@ -197,6 +227,9 @@ def _reduce_scatter_submit(
 ) -> Work | None:
     rop = _op(op)
     kern = kernel(rop, o.dtype)
+    be = _backend(comm)
+    if be is not None:
+        return be.reduce_scatter(comm, o, blocks, rop, async_op)
     algo = _choose(comm, "reduce_scatter", o.nbytes * comm.size)
 
     def body(ctx: OpContext) -> None:
@@ -243,6 +276,9 @@ def _alltoall_submit(
     async_op: bool,
     result: Any,
 ) -> Work | None:
+    be = _backend(comm)
+    if be is not None:
+        return be.all_to_all(comm, outs, ins, async_op, result)
     algo = _choose(comm, "alltoall", sum(int(x.nbytes) for x in ins))
 
     def body(ctx: OpContext) -> Any:
@@ -310,6 +346,9 @@ def all_to_all_single(
 
 def barrier(comm: Communicator, async_op: bool) -> Work | None:
     comm.require_member("barrier")
+    be = _backend(comm)
+    if be is not None:
+        return be.barrier(comm, async_op)
 
     def body(ctx: OpContext) -> None:
         barrier_algo.run(ctx)

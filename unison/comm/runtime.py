@@ -254,8 +254,14 @@ def init(
     store_addr: str | tuple[str, int] | None = None,
     secret: bytes | str | None = None,
     timeout: float | None = None,
+    backend: str | None = None,
 ) -> None:
-    """Join the job. Idempotent: a second call while initialized does nothing."""
+    """Join the job. Idempotent: a second call while initialized does nothing.
+
+    ``backend`` (default ``UNISON_BACKEND``, else ``"native"``) picks the engine that
+    moves the bytes: ``"mpi"`` (mpi4py, under mpirun/srun) or ``"torch"``
+    (torch.distributed: Gloo for CPU, NCCL for CUDA tensors).
+    """
     global _RT
     with _LOCK:
         if _RT is not None:
@@ -265,6 +271,23 @@ def init(
             if timeout <= 0:
                 raise InvalidArgumentError(f"timeout must be > 0, got {timeout}")
             cfg = cfg.replace(timeout=float(timeout))
+        if backend is not None:
+            from ..backends import BACKENDS
+
+            if backend not in BACKENDS:
+                raise InvalidArgumentError(
+                    f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}"
+                )
+            cfg = cfg.replace(backend=backend)
+        if cfg.backend != "native":
+            from ..backends import open_runtime
+
+            configure(cfg.log_level)
+            brt = open_runtime(cfg.backend, cfg)
+            set_rank(brt.rank)
+            _RT = brt  # type: ignore[assignment]
+            sys.excepthook = _excepthook
+            return
         if isinstance(store_addr, str):
             host, _, port = store_addr.rpartition(":")
             store_addr = (host, int(port))

