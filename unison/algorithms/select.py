@@ -17,6 +17,7 @@ from ..errors import UnsupportedError
 from ..log import get_logger
 from . import (
     allgather_shm,
+    allreduce_hierarchical,
     allreduce_recursive_doubling,
     allreduce_ring,
     allreduce_shm,
@@ -38,7 +39,12 @@ log = get_logger("select")
 
 #: collective → candidate algorithm modules (name, cost, supports, run).
 REGISTRY: dict[str, tuple[ModuleType, ...]] = {
-    "allreduce": (allreduce_ring, allreduce_recursive_doubling, allreduce_shm),
+    "allreduce": (
+        allreduce_ring,
+        allreduce_recursive_doubling,
+        allreduce_shm,
+        allreduce_hierarchical,
+    ),
     "broadcast": (broadcast_binomial, broadcast_shm),
     "reduce": (reduce_binomial,),
     "allgather": (ring_allgather, allgather_shm),

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from ..algorithms import shm_arena
-from ..algorithms.cost import Link
+from ..algorithms.cost import Link, TwoLevelLink
 from ..algorithms.shm_arena import Arena, SharedLink
 from ..config import ENV_JOB_ID, Config
 from ..errors import CollectiveTimeoutError, UnsupportedError
@@ -73,6 +73,8 @@ class Fabric:
         self._shared_job = False
         self._segs: list[Segment] = []
         self._slots: dict[int, memoryview] = {}
+        self.host_of: dict[int, str] = {}  # rank -> host identity (hierarchical algorithms)
+        self._two_level: Link | None = None
         self._token = np.frombuffer(secrets.token_bytes(16), np.uint8).copy()
 
     def adopt(self, peer: int, sock: socket.socket) -> None:
@@ -91,6 +93,7 @@ class Fabric:
         peers = sorted(p for p in infos if p != self.rank)
         if me is None or not peers:
             return
+        self.host_of = {r: info.host_id for r, info in infos.items()}
         mode = self.config.transport
         local = [p for p in peers if infos[p].host_id == me.host_id]
         if mode == "shm" and len(local) < len(peers):
@@ -224,7 +227,10 @@ class Fabric:
         if self._shared_job:
             half = shm_arena.SLOT_BYTES // 2
             return SharedLink(ShmTransport.alpha, ShmTransport.beta, half=half)
-        return Link(self.tcp.alpha, self.tcp.beta)
+        flat = Link(self.tcp.alpha, self.tcp.beta)
+        if self._two_level is None and self.host_of:  # once the layout is known
+            self._two_level = two_level(self.host_of, flat, self.config.transport) or flat
+        return self._two_level or flat
 
     def _to(self, peer: int) -> Transport:
         return self.route.get(peer, self.tcp)
@@ -254,6 +260,29 @@ class Fabric:
             self.arena = None
         for seg in self._segs:
             seg.unlink()
+
+
+def two_level(host_of: dict[int, str], inter: Link, transport: str) -> TwoLevelLink | None:
+    """The two-level link of a job over several hosts (None on one host). It depends
+    only on the host layout every rank learnt and on configuration, so every rank
+    computes the same one."""
+    counts: dict[str, int] = {}
+    for r in sorted(host_of):
+        counts[host_of[r]] = counts.get(host_of[r], 0) + 1
+    if len(counts) < 2:
+        return None
+    seen: set[str] = set()
+    contiguous, prev = True, None
+    for r in sorted(host_of):
+        h = host_of[r]
+        if h != prev:
+            contiguous = contiguous and h not in seen
+            seen.add(h)
+            prev = h
+    sizes = set(counts.values())
+    per_host = sizes.pop() if len(sizes) == 1 and contiguous else 0
+    intra = Link(ShmTransport.alpha, ShmTransport.beta) if transport != "tcp" else inter
+    return TwoLevelLink(inter.alpha, inter.beta, inter.gamma, intra, len(counts), per_host)
 
 
 def ring_of_peer(hello: dict[str, object], rank: int) -> int:
