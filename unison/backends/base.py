@@ -238,6 +238,11 @@ class BackendRuntime:
         self.groups[gid] = comm
         return comm
 
+    @property
+    def router(self) -> _P2PRouter:
+        """What :meth:`Communicator.isend`/``irecv`` post to: the backend's p2p."""
+        return _P2PRouter(self)
+
     def report_failure(self, text: str) -> None:
         """Failures are reported by the engine's own launcher (mpirun, torchrun)."""
 
@@ -245,6 +250,46 @@ class BackendRuntime:
         for comm in list(self.groups.values()):
             comm.close()
         self.backend.close()
+
+
+class _Request:
+    """A backend p2p Work seen as a transport request (``wait(timeout) -> bool``)."""
+
+    def __init__(self, work: Work, peer: int) -> None:
+        self.work = work
+        self.peer = peer
+
+    def wait(self, timeout: float) -> bool:
+        if not self.work._wait_done(timeout):
+            return False
+        err = self.work._error
+        if err is not None:
+            raise err if isinstance(err, CommunicationError) else CommunicationError(str(err))
+        return True
+
+
+class _P2PRouter:
+    """Routes :class:`Communicator`'s own ``isend``/``irecv`` (used by unison.ps) to the
+    backend: the key is (kind, group id, 0, tag), the payload a byte view."""
+
+    def __init__(self, rt: BackendRuntime) -> None:
+        self.rt = rt
+
+    def _buffer(self, arr: np.ndarray) -> Buffer:
+        from ..buffers import DType
+
+        return Buffer(arr.view(np.uint8).reshape(-1), DType.UINT8, arr)
+
+    def isend(self, peer: int, key: Any, data: np.ndarray, sig: Any, deadline: float) -> _Request:
+        comm = self.rt.groups[int(key[1])]
+        return _Request(self.rt.backend.isend(comm, self._buffer(data), peer, int(key[3])), peer)
+
+    def irecv(self, peer: int, key: Any, data: np.ndarray, sig: Any) -> _Request:
+        comm = self.rt.groups[int(key[1])]
+        return _Request(self.rt.backend.irecv(comm, self._buffer(data), peer, int(key[3])), peer)
+
+    def cancel(self, peer: int, req: Any) -> None:
+        """Engines cannot withdraw a posted receive portably; it ends at its deadline."""
 
 
 def comm_error(backend: str, name: str, exc: BaseException) -> CommunicationError:

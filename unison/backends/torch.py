@@ -150,6 +150,12 @@ class TorchBackend:
             return src.view(-1)
         return self._t(b.array.view(np.uint8), DType.UINT8)
 
+    def _wide(self, t: Any) -> Any:
+        """Gloo cannot reduce int16: reduce in int32 (exact, wrapping as int16 does)."""
+        if t.dtype == self.torch.int16 and not t.is_cuda:
+            return t.to(self.torch.int32)
+        return t
+
     def _op(self, op: ReduceOp, b: Buffer) -> Any:
         if b.dtype is DType.BOOL and op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.AVG):
             raise UnsupportedError(f"the torch backend cannot reduce bool with {op.name}")
@@ -232,12 +238,20 @@ class TorchBackend:
         self, comm: Communicator, b: Buffer, op: ReduceOp, async_op: bool
     ) -> Work | None:
         t, g, rop = self._buf(b), self._g(comm), self._op(op, b)
+        w = self._wide(t)
+        avg = self._avg(comm, b, op, t)
+
+        def done() -> None:
+            if w is not t:
+                t.copy_(w)
+            avg()
+
         return self._run(
             comm,
             "all_reduce",
-            lambda: [self.dist.all_reduce(t, rop, g, async_op=True)],
+            lambda: [self.dist.all_reduce(w, rop, g, async_op=True)],
             async_op,
-            self._avg(comm, b, op, t),
+            done,
         )
 
     def reduce(
@@ -245,12 +259,20 @@ class TorchBackend:
     ) -> Work | None:
         g, rop, dst = self._g(comm), self._op(op, b), comm.ranks[root]
         mine = comm.rank == root
-        t = self._buf(b) if mine else self._buf(b).clone()  # non-roots' buffers stay intact
-        done = self._avg(comm, b, op, t) if mine else None
+        t = self._buf(b)
+        w = self._wide(t) if mine else self._wide(t).clone()  # non-roots' buffers stay intact
+        avg = self._avg(comm, b, op, t)
+
+        def done() -> None:
+            if mine:
+                if w is not t:
+                    t.copy_(w)
+                avg()
+
         return self._run(
             comm,
             "reduce",
-            lambda: [self.dist.reduce(t, dst, rop, g, async_op=True)],
+            lambda: [self.dist.reduce(w, dst, rop, g, async_op=True)],
             async_op,
             done,
         )
@@ -306,7 +328,7 @@ class TorchBackend:
     ) -> Work | None:
         # Gloo has no reduce_scatter: all-reduce the concatenation, keep this rank's block.
         g, rop = self._g(comm), self._op(op, out)
-        whole = self._t(np.concatenate(ins) if ins else out.array[:0].copy(), out.dtype)
+        whole = self._wide(self._t(np.concatenate(ins) if ins else out.array[:0].copy(), out.dtype))
         me, n = comm.rank or 0, out.count
         t = self._buf(out)
 
