@@ -24,9 +24,12 @@ def _ip(*args: str) -> None:
 
 
 class BridgedHosts:
+    _made = 0
+
     def __init__(self, n: int) -> None:
-        self.net = 150 + os.getpid() % 50
-        tag = f"ub{os.getpid() % 100000}"
+        BridgedHosts._made += 1  # two sets at once get distinct names and subnets
+        self.net = 150 + (os.getpid() * 4 + BridgedHosts._made) % 50
+        tag = f"ub{os.getpid() % 10000}{BridgedHosts._made % 10}"
         self.switch = f"{tag}-sw"
         self.names = [f"{tag}-{i}" for i in range(n)]
         self._tag = tag
