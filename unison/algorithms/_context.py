@@ -126,6 +126,12 @@ class OpContext:
         self.tag_base = tag_base
         #: for a signature confirmation: the signature of the operation it confirms
         self.data_sig: OpSig = sig
+        #: a context running alongside on the same operation (the signature check);
+        #: aborting this one aborts it too
+        self.companion: OpContext | None = None
+        #: set by an algorithm once every rank has received a signature-checked frame from
+        #: every other rank in this operation: then all ranks provably agree on it
+        self.all_pairs_checked = False
         #: called on a timeout with the peers this rank waits for; returns the silent ones
         #: (and notes on what the silent ranks are doing instead, if known)
         self.diagnose: Callable[[OpContext, list[int]], tuple[list[int], list[str]]] | None = None
@@ -257,6 +263,8 @@ class OpContext:
                 if req.view is not None and req.key[0] == Kind.COLL:
                     self.router.cancel(req.peer, req)
                 req.complete(exc)
+        if self.companion is not None:
+            self.companion.abort(exc)
 
     def finish(self) -> None:
         """Withdraw receives that will never be waited for (after a failure)."""

@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..log import get_logger
 from ..transport.framing import Control, Kind, OpSig
-from .desync import ROOTED, confirm, foreign_frame_error
+from .desync import ROOTED, Confirmation, foreign_frame_error
 from .engine import Engine
 from .work import RequestWork, Work
 
@@ -149,8 +149,8 @@ class Communicator:
         try:
             self._scan_buffered(ctx)
             result = body(ctx)
-            if op in ROOTED and cfg.check_mismatch and self.size > 1:
-                confirm(ctx, self._check_context(ctx))
+            if op in ROOTED and cfg.check_mismatch and self.size > 1 and not ctx.all_pairs_checked:
+                Confirmation(ctx, self._check_context(ctx)).finish()
         except CommunicationError as exc:
             self._fail(ctx, exc)
             work._finish(error=exc)
@@ -166,7 +166,7 @@ class Communicator:
                 self._done = max(self._done, seq)
 
     def _check_context(self, ctx: OpContext) -> OpContext:
-        """A context for the signature confirmation; it replaces ``ctx`` as in flight."""
+        """A context for the signature confirmation, aborted whenever ``ctx`` is."""
         check = OpContext(
             self.rt.router,
             op=OpCode.CHECK,
@@ -183,11 +183,10 @@ class Communicator:
         check.data_sig = ctx.sig
         check.diagnose = self._diagnose_timeout
         with self._lock:
-            self._inflight[ctx.seq] = check
+            ctx.companion = check
             late = ctx._aborted
         if late is not None:
             check.abort(late)
-        self._scan_buffered(check)
         return check
 
     def _broken_error(self, ctx: OpContext) -> BaseException | None:

@@ -22,18 +22,17 @@ from collections import defaultdict
 
 import numpy as np
 
-from .._types import ReduceOp
 from ..algorithms import OpCode, OpContext, describe
 from ..algorithms import allreduce_recursive_doubling as rd
 from ..algorithms import ring_allgather as ag
-from ..buffers import DType, kernel
+from ..algorithms._schedule import recursive_doubling_plan
 from ..errors import MismatchError
 from ..transport.framing import OpSig
+from ..transport.request import Request
 
-__all__ = ["ROOTED", "confirm", "foreign_frame_error", "sig_hash"]
+__all__ = ["ROOTED", "Confirmation", "confirm", "foreign_frame_error", "sig_hash"]
 
 ROOTED = frozenset({OpCode.BROADCAST, OpCode.REDUCE, OpCode.GATHER, OpCode.SCATTER})
-_MAX = kernel(ReduceOp.MAX, DType.INT64)
 
 
 def sig_hash(sig: OpSig) -> int:
@@ -45,13 +44,58 @@ def _sig_of(row: np.ndarray) -> OpSig:
     return OpSig(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
 
 
+class Confirmation:
+    """The signature confirmation of one rooted collective, split in two so that its
+    first exchange is posted before the data moves and overlaps it (with 2 ranks the
+    whole confirmation does). The rest is recursive doubling of MAX over (h, -h)."""
+
+    def __init__(self, data_ctx: OpContext, check: OpContext) -> None:
+        self.data_ctx, self.check = data_ctx, check
+        self.h = sig_hash(data_ctx.sig)
+        self.vals = np.array([self.h, -self.h], np.int64)
+        self.tmp = np.empty(2, np.int64)
+        self.role, self.partner, self.peers = recursive_doubling_plan(check.rank, check.size)
+        self.early: list[Request] = []
+        self.first_done = False
+        if self.role == "fold":  # send my hash now; the result comes back at the end
+            self.early = [
+                check.isend(self.partner, 0, self.vals.copy()),
+                check.irecv(self.partner, rd.RETURN_TAG, self.vals),
+            ]
+        elif self.partner >= 0:
+            self.early = [check.irecv(self.partner, 0, self.tmp)]
+        elif self.peers:
+            self.early = [
+                check.irecv(self.peers[0], 1, self.tmp),
+                check.isend(self.peers[0], 1, self.vals.copy()),
+            ]
+            self.first_done = True
+
+    def finish(self) -> None:
+        """Complete the exchange; raise MismatchError on every rank if ranks disagree."""
+        check, vals, tmp = self.check, self.vals, self.tmp
+        check.wait(*self.early)
+        if self.role != "fold":
+            if self.early:
+                np.maximum(vals, tmp, out=vals)
+            for step, peer in enumerate(self.peers, start=1):
+                if step == 1 and self.first_done:
+                    continue
+                check.sendrecv(peer, vals.copy(), peer, tmp, step)
+                np.maximum(vals, tmp, out=vals)
+            if self.partner >= 0:
+                check.send(self.partner, rd.RETURN_TAG, vals)
+        if vals[0] == self.h and -vals[1] == self.h:
+            return
+        _disagreement(self.data_ctx, check)
+
+
 def confirm(data_ctx: OpContext, check: OpContext) -> None:
     """Raise MismatchError on every rank unless all ranks ran ``data_ctx.sig``."""
-    h = sig_hash(data_ctx.sig)
-    vals = np.array([h, -h], np.int64)
-    rd.run(check, vals, _MAX, ReduceOp.MAX, DType.INT64)
-    if vals[0] == h and -vals[1] == h:
-        return
+    Confirmation(data_ctx, check).finish()
+
+
+def _disagreement(data_ctx: OpContext, check: OpContext) -> None:
     s = data_ctx.sig
     mine = np.array([s.op, s.dtype, s.redop, s.root, s.count], np.int64)
     table = np.empty(5 * check.size, np.int64)
