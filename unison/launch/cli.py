@@ -20,7 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("unison.launch.launcher", "start N ranks of a command on this host"),
     "info": ("unison.launch.info", "versions, transports, backends and configuration"),
     "bench": ("unison.bench.cli", "nccl-tests-style benchmarks against gloo and mpi"),
-    # "simulate": ("unison.sim.cli", "predict collective times from the cost model"),
+    "simulate": ("unison.simulate", "predict all-reduce times from the α-β-γ cost model"),
 }
 
 

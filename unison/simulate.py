@@ -1,0 +1,259 @@
+"""``unison simulate``: predict all-reduce times from the α-β-γ cost model.
+
+The predictions are the selector's own: each algorithm's ``cost(p, n, link)`` from
+:mod:`unison.algorithms`, evaluated on a :class:`~unison.algorithms.cost.Link` (one
+host) or :class:`~unison.algorithms.cost.TwoLevelLink` (``--hosts`` > 1: α/β of the
+network between hosts, ``--intra`` between the ranks of one host). Algorithms:
+
+* ``ring``: flat ring (reduce-scatter + all-gather), :mod:`.allreduce_ring`;
+* ``rd``: recursive doubling, :mod:`.allreduce_recursive_doubling`;
+* ``tree``: binomial reduce to rank 0 then binomial broadcast (the selector's
+  ``reduce`` and ``broadcast`` costs added);
+* ``hierarchical``: intra-host reduce-scatter, inter-host all-reduce per slice,
+  intra-host all-gather, :mod:`.allreduce_hierarchical` (needs ``--hosts`` ≥ 2);
+* ``shm``: the direct shared-memory algorithm (``--link shm`` only).
+
+Bus bandwidth follows nccl-tests: algbw = n / t, busbw = algbw · 2(p−1)/p.
+``--link shm`` uses the constants the native runtime uses on one host, which is how
+``--validate bench.json`` compares the model with what ``unison bench`` measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .algorithms import (
+    allreduce_hierarchical,
+    allreduce_recursive_doubling,
+    allreduce_ring,
+    allreduce_shm,
+    broadcast_binomial,
+    reduce_binomial,
+)
+from .algorithms.cost import Link, TwoLevelLink
+from .algorithms.select import choose
+from .errors import InvalidArgumentError
+
+__all__ = [
+    "ALGOS",
+    "Prediction",
+    "build_link",
+    "configure_parser",
+    "main",
+    "parse_bandwidth",
+    "parse_latency",
+    "parse_size",
+    "predict",
+]
+
+Cost = Callable[[int, int, Link], float]
+
+
+def _tree(p: int, n: int, link: Link) -> float:
+    return reduce_binomial.cost(p, n, link) + broadcast_binomial.cost(p, n, link)
+
+
+#: name -> (cost function, the selector's name for it or "" when not an all-reduce choice)
+ALGOS: dict[str, tuple[Cost, str]] = {
+    "ring": (allreduce_ring.cost, allreduce_ring.NAME),
+    "tree": (_tree, ""),
+    "rd": (allreduce_recursive_doubling.cost, allreduce_recursive_doubling.NAME),
+    "hierarchical": (allreduce_hierarchical.cost, allreduce_hierarchical.NAME),
+    "shm": (allreduce_shm.cost, allreduce_shm.NAME),
+}
+
+_SIZE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_TIME = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_size(text: str) -> int:
+    """``1G`` → 2**30 bytes (K, M, G, T binary; an optional trailing B or iB)."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtKMGT]?)(i?[bB])?\s*", text)
+    if not m:
+        raise InvalidArgumentError(f"size {text!r}: expected e.g. 1024, 64K, 1G")
+    return int(float(m.group(1)) * _SIZE[m.group(2).lower()])
+
+
+def parse_bandwidth(text: str) -> float:
+    """Bytes per second: ``100Gbit`` (bits, decimal), ``300GB/s`` (bytes, decimal)."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtKMGT]?)(bit|b|B|Bps|bps)?(/s)?\s*", text)
+    if not m:
+        raise InvalidArgumentError(f"bandwidth {text!r}: expected e.g. 100Gbit or 300GB/s")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+    unit = m.group(3) or "B"
+    bits = unit in ("bit", "b", "bps")
+    value = float(m.group(1)) * scale / (8 if bits else 1)
+    if value <= 0:
+        raise InvalidArgumentError(f"bandwidth {text!r} must be positive")
+    return value
+
+
+def parse_latency(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9.]+)\s*(ns|us|µs|ms|s)\s*", text)
+    if not m:
+        raise InvalidArgumentError(f"latency {text!r}: expected e.g. 5us, 1.5ms")
+    return float(m.group(1)) * _TIME[m.group(2)]
+
+
+def _link(spec: str, gamma: float) -> Link:
+    """``BANDWIDTH,LATENCY`` (either order) → Link."""
+    if spec == "shm":
+        from .algorithms.shm_arena import SLOT_BYTES, SharedLink
+        from .transport.shm import ShmTransport
+
+        return SharedLink(ShmTransport.alpha, ShmTransport.beta, gamma, half=SLOT_BYTES // 2)
+    parts = [s.strip() for s in spec.split(",")]
+    if len(parts) != 2:
+        raise InvalidArgumentError(f"link {spec!r}: expected BANDWIDTH,LATENCY e.g. 100Gbit,5us")
+    lat = [p for p in parts if re.search(r"\d\s*(ns|us|µs|ms|s)$", p)]
+    if len(lat) != 1:
+        raise InvalidArgumentError(f"link {spec!r}: one part must be a latency (5us)")
+    bw = parts[1 - parts.index(lat[0])]
+    return Link(parse_latency(lat[0]), 1 / parse_bandwidth(bw), gamma)
+
+
+def build_link(np_: int, hosts: int, link: str, intra: str, gamma: float) -> Link:
+    """The link the selector would see for ``np_`` ranks on ``hosts`` hosts."""
+    if hosts < 1 or np_ < 1:
+        raise InvalidArgumentError("--np and --hosts must be >= 1")
+    if hosts == 1:
+        return _link(intra or link, gamma)
+    if np_ % hosts:
+        raise InvalidArgumentError(f"--np {np_} is not a multiple of --hosts {hosts}")
+    inter = _link(link, gamma)
+    inner = _link(intra, gamma) if intra else inter
+    return TwoLevelLink(
+        inter.alpha, inter.beta, gamma, intra=inner, hosts=hosts, per_host=np_ // hosts
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    algo: str
+    p: int
+    nbytes: int
+    seconds: float
+
+    @property
+    def algbw(self) -> float:
+        return self.nbytes / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * 2 * (self.p - 1) / self.p if self.p > 1 else 0.0
+
+
+def predict(algo: str, p: int, n: int, link: Link) -> Prediction:
+    if algo not in ALGOS:
+        raise InvalidArgumentError(f"--algo {algo!r}: known {', '.join(ALGOS)}")
+    return Prediction(algo, p, n, ALGOS[algo][0](p, n, link))
+
+
+def selected(p: int, n: int, link: Link) -> str:
+    """The algorithm unison's selector would run for this all-reduce."""
+    name = choose("allreduce", p, n, link, {}).name
+    return next((k for k, (_, sel) in ALGOS.items() if sel == name), name)
+
+
+def _fmt_t(s: float) -> str:
+    if not math.isfinite(s):
+        return "-"
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"
+
+
+def _fmt_bw(b: float) -> str:
+    return f"{b / 1e9:.2f}" if math.isfinite(b) else "-"
+
+
+def _sizes(text: str) -> list[int]:
+    if ":" in text:
+        lo, hi = (parse_size(x) for x in text.split(":", 1))
+        out = []
+        n = lo
+        while n <= hi:
+            out.append(n)
+            n *= 4
+        return out
+    return [parse_size(x) for x in text.split(",")]
+
+
+def table(p: int, hosts: int, sizes: list[int], algos: list[str], link: Link) -> str:
+    head = f"{'size':>10} " + " ".join(f"{a + ' time':>16} {'busbw':>7}" for a in algos)
+    lines = [f"p={p} hosts={hosts}  (busbw in GB/s; * = the selector's choice)", head]
+    for n in sizes:
+        pick = selected(p, n, link)
+        cells = []
+        for a in algos:
+            pr = predict(a, p, n, link)
+            mark = "*" if a == pick else " "
+            cells.append(f"{_fmt_t(pr.seconds) + mark:>16} {_fmt_bw(pr.busbw):>7}")
+        lines.append(f"{_human(n):>10} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
+def validate(path: str, gamma: float) -> str:
+    """Predicted (selector's choice, shm link) vs measured all_reduce rows of a bench JSON."""
+    with open(path) as f:
+        data = json.load(f)
+    rows = data.get("rows", data) if isinstance(data, dict) else data
+    lines = [f"{'np':>3} {'size':>8} {'algo':>6} {'predicted':>11} {'measured':>11} {'error':>7}"]
+    for row in rows:
+        if row.get("op") != "all_reduce" or row.get("impl", "unison") != "unison":
+            continue
+        p, n = int(row["np"]), int(row.get("bytes", row.get("size", 0)))
+        link = _link("shm", gamma)
+        algo = selected(p, n, link)
+        pred = predict(algo, p, n, link).seconds
+        meas = float(row["time_us"]) * 1e-6
+        err = (pred - meas) / meas
+        lines.append(
+            f"{p:>3} {_human(n):>8} {algo:>6} {_fmt_t(pred):>11} {_fmt_t(meas):>11} "
+            f"{err * 100:>+6.0f}%"
+        )
+    return "\n".join(lines)
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-np", "--np", type=int, default=8, help="number of ranks")
+    p.add_argument("--hosts", type=int, default=1, help="hosts the ranks are spread over")
+    p.add_argument(
+        "--link",
+        default="100Gbit,5us",
+        help="network between hosts: BANDWIDTH,LATENCY (100Gbit,5us) or 'shm' (this machine)",
+    )
+    p.add_argument("--intra", default="", help="link between ranks of one host (300GB/s,1us)")
+    p.add_argument("--size", default="1G", help="bytes: 1G, a list 1K,1M or a range 1K:1G (x4)")
+    p.add_argument(
+        "--algo", default="", help=f"comma list of {','.join(ALGOS)} (default: all that apply)"
+    )
+    p.add_argument("--gamma", default="", help="reduction speed per rank, e.g. 10GB/s")
+    p.add_argument("--validate", default="", help="compare with a `unison bench --json` file")
+
+
+def main(args: argparse.Namespace) -> int:
+    gamma = 1 / parse_bandwidth(args.gamma) if args.gamma else Link().gamma
+    if args.validate:
+        print(validate(args.validate, gamma))
+        return 0
+    link = build_link(args.np, args.hosts, args.link, args.intra, gamma)
+    if args.algo:
+        algos = [a.strip() for a in args.algo.split(",")]
+        for a in algos:
+            if a not in ALGOS:
+                raise SystemExit(f"unison simulate: --algo {a!r}: known {', '.join(ALGOS)}")
+    else:
+        algos = [a for a in ALGOS if math.isfinite(ALGOS[a][0](args.np, 1 << 20, link))]
+    print(table(args.np, args.hosts, _sizes(args.size), algos, link))
+    return 0
