@@ -17,7 +17,7 @@ from .._version import __version__
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("unison.launch.launcher", "start N ranks of a command on this host"),
+    "run": ("unison.launch.launcher", "start N ranks of a command (this host, or -H hosts)"),
     "info": ("unison.launch.info", "versions, transports, backends and configuration"),
     "bench": ("unison.bench.cli", "nccl-tests-style benchmarks against gloo and mpi"),
     "simulate": ("unison.simulate", "predict all-reduce times from the α-β-γ cost model"),
