@@ -161,3 +161,20 @@ def test_unknown_backend_is_rejected() -> None:
 @pytest.mark.skip(reason="no CUDA device on this machine: the NCCL path is untested here")
 def test_torch_nccl_cuda_tensors() -> None:  # pragma: no cover
     pass
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("mpi", marks=needs_mpi)])
+def test_bench_runs_on_backend(backend: str, tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "b.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNISON_")}
+    cmd = [sys.executable, "-m", "unison.launch.cli", "bench", "-np", "2"]
+    cmd += ["--backend", backend, "--ops", "all_reduce,broadcast", "--sizes", "1K:4K"]
+    cmd += ["--iters", "3", "--warmup", "1", "--json", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["meta"]["backend"] == backend
+    rows = [r for r in data["rows"] if r["impl"] == "unison"]
+    assert len(rows) == 6 and all(r["correct"] for r in rows)

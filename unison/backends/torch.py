@@ -207,7 +207,11 @@ class TorchBackend:
                 w.wait()  # raises the engine's error
             return True
 
-        work = PollWork(name, test, self.timeout, lambda e: self._error(name, e), done)
+        def block() -> None:
+            for w in works:
+                w.wait()  # bounded by the process group's timeout (the job's)
+
+        work = PollWork(name, test, self.timeout, lambda e: self._error(name, e), done, block)
         return finish(work, async_op)
 
     def _error(self, name: str, exc: BaseException) -> BaseException:

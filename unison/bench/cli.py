@@ -42,6 +42,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
     p.add_argument("--algo", default="", help="force unison algorithms (UNISON_ALGO syntax)")
     p.add_argument("--transport", default="", choices=["", "auto", "shm", "tcp"])
+    p.add_argument(
+        "--backend",
+        default="native",
+        choices=["native", "mpi", "torch"],
+        help="engine under unison's API (mpi: ranks started by mpirun)",
+    )
     p.add_argument("--compare", default="", help="peers to measure too: gloo,mpi")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--json", default="", help="write every row and the run's context here")
@@ -79,7 +85,7 @@ def run_impl(
     with tempfile.TemporaryDirectory(prefix="unison-bench-") as tmp:
         out = os.path.join(tmp, "rows.jsonl")
         worker = [sys.executable, "-m", "unison.bench.worker", impl, spec.to_json(), out]
-        if impl == "mpi":
+        if impl == "mpi" or (impl == "unison" and env.get("UNISON_BACKEND") == "mpi"):
             mpirun = _mpirun()
             assert mpirun is not None
             cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
@@ -121,6 +127,7 @@ def main(args: argparse.Namespace) -> int:
         env["UNISON_ALGO"] = args.algo
     if args.transport:
         env["UNISON_TRANSPORT"] = args.transport
+    env["UNISON_BACKEND"] = args.backend
     meta: dict[str, Any] = {
         "unison": __version__,
         "np": args.np,
@@ -129,6 +136,7 @@ def main(args: argparse.Namespace) -> int:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "algo": args.algo,
+        "backend": args.backend,
         "transport": env.get("UNISON_TRANSPORT", "auto"),
         "load_before": os.getloadavg(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
