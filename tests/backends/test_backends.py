@@ -178,3 +178,40 @@ def test_bench_runs_on_backend(backend: str, tmp_path: Path) -> None:
     assert data["meta"]["backend"] == backend
     rows = [r for r in data["rows"] if r["impl"] == "unison"]
     assert len(rows) == 6 and all(r["correct"] for r in rows)
+
+
+def _one_rank_skips() -> str:
+    if un.rank() == 0:
+        try:
+            un.all_reduce(np.ones(8))
+        except un.CommunicationError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "no error"
+    import time
+
+    time.sleep(6)  # never joins; leaves after rank 0 has given up
+    return "skipped"
+
+
+@pytest.mark.timeout(60)
+def test_torch_missing_rank_is_a_typed_timeout() -> None:
+    outs = run_ranks(
+        _one_rank_skips, 2, env={"UNISON_BACKEND": "torch", "UNISON_TIMEOUT": "2"}, timeout=40
+    )
+    assert outs[0].ok, outs[0].traceback
+    assert outs[0].value.startswith("CollectiveTimeoutError"), outs[0].value
+    assert "all_reduce" in outs[0].value and "torch" in outs[0].value
+
+
+@needs_mpi
+@pytest.mark.timeout(60)
+def test_mpi_errors_are_typed() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNISON_")}
+    env["PYTHONPATH"] = str(HERE.parent.parent)
+    proc = subprocess.run(
+        _mpi_command(2, HERE / "mpi_errors.py"), env=env, capture_output=True, text=True, timeout=50
+    )
+    out = proc.stdout
+    assert "rank 1 MismatchError: recv from rank 0 (tag 5, mpi)" in out, out + proc.stderr
+    assert "rank 0 CollectiveTimeoutError: all_reduce (group 1, mpi)" in out, out
+    assert "rank 0 InvalidArgumentError" in out and "rank 1 InvalidArgumentError" in out
