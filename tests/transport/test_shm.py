@@ -164,7 +164,12 @@ def test_ranks_on_other_hosts_keep_tcp() -> None:
     outs = run_ranks(_mixed_hosts, 4, env={"UNISON_TIMEOUT": "30"}, init=False)
     assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs if not o.ok)
     r0 = outs[0].value
-    assert r0 == {1: "shm", 2: "tcp", 3: "tcp", "link": "Link"}
+    assert r0 == {
+        1: "shm",
+        2: "tcp",
+        3: "tcp",
+        "link": "TwoLevelLink",
+    }  # two hosts: intra and inter links
 
 
 def _forced_shm_across_hosts() -> None:

@@ -180,6 +180,10 @@ def case_timeout(expected: str) -> float:
     assert not done, "a receive with no sender completed"
     assert took < 5.0, f"wait(0.3) returned after {took:.1f}s"
     fab.cancel(other, req)
+    # meet before leaving, so neither rank's exit lands inside the other's wait
+    back = fab.irecv(other, key(100), np.zeros(1, np.uint8), sig(1))
+    fab.isend(other, key(100), np.ones(1, np.uint8), sig(1), time.monotonic() + _LONG)
+    _wait(back, "closing handshake")
     return took
 
 

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import MismatchError
 from .framing import OpSig
+from .matching import Matcher, Unexpected
 from .request import Request
 
-__all__ = ["Events", "Key", "PeerInfo", "Transport"]
+__all__ = ["Events", "Key", "MatchingTransport", "PeerInfo", "Transport"]
 
 Key = tuple[int, int, int, int]  # (kind, group, seq, tag)
 
@@ -81,3 +83,39 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Say goodbye to every peer and release sockets, threads and memory."""
+
+
+class MatchingTransport(Transport):
+    """A transport whose receives are matched by a :class:`Matcher`: the shared half of
+    receiving (withdrawal, forgetting, copying an unexpected message in, mismatches)."""
+
+    matcher: Matcher
+
+    def cancel(self, req: Request) -> None:
+        self.matcher.cancel(req)
+
+    def forget(self, group: int, seq: int) -> None:
+        self.matcher.drop_group_seq(group, seq)
+
+    def unexpected_sigs(self, group: int, seq: int) -> list[tuple[int, OpSig]]:
+        return self.matcher.unexpected_sigs(group, seq)
+
+    @staticmethod
+    def _mismatch(req: Request, sig: OpSig, length: int) -> MismatchError:
+        """The error for a message that does not fit ``req`` (carries the sender's sig)."""
+        req.sender_sig = sig
+        err = MismatchError(
+            f"rank {req.peer} sent {length} bytes for a message of {req.nbytes} bytes",
+            ranks=(req.peer,),
+        )
+        err.sender_sig = sig  # type: ignore[attr-defined]
+        return err
+
+    def _deliver_copy(self, req: Request, msg: Unexpected) -> None:
+        """Complete ``req`` from a buffered message (or fail it if they disagree)."""
+        if len(msg.data) != req.nbytes or req.sig != msg.sig:
+            req.complete(self._mismatch(req, msg.sig, len(msg.data)))
+            return
+        if req.nbytes and req.view is not None:
+            req.view[:] = np.frombuffer(msg.data, np.uint8)
+        req.complete()

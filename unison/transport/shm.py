@@ -32,10 +32,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import MismatchError, PeerLostError
+from ..errors import PeerLostError
 from ..log import get_logger
 from . import futex
-from .base import Events, Key, PeerInfo, Transport
+from .base import Events, Key, MatchingTransport, PeerInfo
 from .framing import HEADER, FrameError, Kind, OpSig, pack, unpack
 from .matching import Matcher, Unexpected
 from .request import Request
@@ -122,7 +122,7 @@ def _ring_bell(seg: Segment) -> None:
         futex.wake(seg.bell_addr)
 
 
-class ShmTransport(Transport):
+class ShmTransport(MatchingTransport):
     name = "shm"
     # Measured on the 2-core development VM (see docs/bench.md); class constants so
     # every rank evaluates the same cost model.
@@ -254,33 +254,6 @@ class ShmTransport(Transport):
                 self.matcher.cancel(req)
                 req.complete(self._lost(peer))
         return req
-
-    def cancel(self, req: Request) -> None:
-        self.matcher.cancel(req)
-
-    def forget(self, group: int, seq: int) -> None:
-        self.matcher.drop_group_seq(group, seq)
-
-    def unexpected_sigs(self, group: int, seq: int) -> list[tuple[int, OpSig]]:
-        return self.matcher.unexpected_sigs(group, seq)
-
-    @staticmethod
-    def _mismatch(req: Request, sig: OpSig, length: int) -> MismatchError:
-        req.sender_sig = sig
-        err = MismatchError(
-            f"rank {req.peer} sent {length} bytes for a message of {req.nbytes} bytes",
-            ranks=(req.peer,),
-        )
-        err.sender_sig = sig  # type: ignore[attr-defined]
-        return err
-
-    def _deliver_copy(self, req: Request, msg: Unexpected) -> None:
-        if len(msg.data) != req.nbytes or req.sig != msg.sig:
-            req.complete(self._mismatch(req, msg.sig, len(msg.data)))
-            return
-        if req.nbytes and req.view is not None:
-            req.view[:] = np.frombuffer(msg.data, np.uint8)
-        req.complete()
 
     def _drain(self, ib: _In) -> bool:
         """Consume what ``ib``'s ring holds; the lock is held. True if anything moved."""

@@ -23,9 +23,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import MismatchError, PeerLostError
+from ..errors import PeerLostError
 from ..log import get_logger
-from .base import Events, Key, PeerInfo, Transport
+from .base import Events, Key, MatchingTransport, PeerInfo
 from .framing import HEADER, Control, FrameError, Kind, OpSig, pack, unpack
 from .matching import Matcher, Unexpected
 from .request import Request
@@ -61,7 +61,7 @@ class _Conn:
         self.goodbye = False
 
 
-class TcpTransport(Transport):
+class TcpTransport(MatchingTransport):
     name = "tcp"
     alpha = 40e-6
     beta = 1 / 1.5e9
@@ -193,33 +193,6 @@ class TcpTransport(Transport):
             self.matcher.cancel(req)
             req.complete(self._lost_error(conn))
         return req
-
-    def cancel(self, req: Request) -> None:
-        self.matcher.cancel(req)
-
-    def forget(self, group: int, seq: int) -> None:
-        self.matcher.drop_group_seq(group, seq)
-
-    def unexpected_sigs(self, group: int, seq: int) -> list[tuple[int, OpSig]]:
-        return self.matcher.unexpected_sigs(group, seq)
-
-    @staticmethod
-    def _mismatch(req: Request, sig: OpSig, length: int) -> MismatchError:
-        req.sender_sig = sig
-        err = MismatchError(
-            f"rank {req.peer} sent {length} bytes for a message of {req.nbytes} bytes",
-            ranks=(req.peer,),
-        )
-        err.sender_sig = sig  # type: ignore[attr-defined]
-        return err
-
-    def _deliver_copy(self, req: Request, msg: Unexpected) -> None:
-        if len(msg.data) != req.nbytes or not _sig_matches(req.sig, msg.sig):
-            req.complete(self._mismatch(req, msg.sig, len(msg.data)))
-            return
-        if req.nbytes and req.view is not None:
-            req.view[:] = np.frombuffer(msg.data, np.uint8)
-        req.complete()
 
     def _recv_into(self, conn: _Conn, mv: memoryview) -> bool:
         """Fill ``mv`` from the socket; False on orderly EOF."""
