@@ -98,6 +98,7 @@ class Backend(Protocol):
         ins: list[np.ndarray],
         async_op: bool,
         result: Any,
+        ref: Buffer | None = None,
     ) -> Work | None:
         """``ins[j]`` goes to group rank j, which receives it into its ``outs[me]``."""
 

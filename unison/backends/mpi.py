@@ -228,6 +228,7 @@ class MPIBackend:
         ins: list[np.ndarray],
         async_op: bool,
         result: Any,
+        ref: Buffer | None = None,
     ) -> Work | None:
         c = self._c(comm)
         send = _concat(ins)

@@ -355,6 +355,7 @@ class TorchBackend:
         ins: list[np.ndarray],
         async_op: bool,
         result: Any,
+        ref: Buffer | None = None,
     ) -> Work | None:
         # one all_to_all_single on bytes serves lists and uneven splits alike
         g = self._g(comm)

@@ -104,21 +104,15 @@ def recv(buf: BufferLike, src: int, tag: int = 0, group: Group | None = None) ->
 def isend(buf: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start sending ``buf`` to ``dst``; do not modify ``buf`` until the Work completes."""
     g = _g(group)
-    be = _c._backend(g)
-    if be is not None:
-        b, peer = g._p2p_args(buf, dst, tag, "send", writable=False)
-        return be.isend(g, b, peer, int(tag))
-    return g.isend(buf, dst, tag)
+    b, peer = g._p2p_args(buf, dst, tag, "send", writable=False)
+    return _c.engine(g).isend(g, b, peer, int(tag))
 
 
 def irecv(buf: BufferLike, src: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start receiving from ``src`` into ``buf``."""
     g = _g(group)
-    be = _c._backend(g)
-    if be is not None:
-        b, peer = g._p2p_args(buf, src, tag, "recv", writable=True)
-        return be.irecv(g, b, peer, int(tag))
-    return g.irecv(buf, src, tag)
+    b, peer = g._p2p_args(buf, src, tag, "recv", writable=True)
+    return _c.engine(g).irecv(g, b, peer, int(tag))
 
 
 @overload

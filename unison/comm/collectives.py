@@ -1,11 +1,12 @@
-"""The collectives: validate every argument, pick an algorithm, submit in order.
+"""The collectives: validate every argument, then hand the buffers to the job's engine.
 
 Validation happens before anything is sent, on the caller's thread, and raises
-:class:`InvalidArgumentError`. Then the validated buffers go to the job's engine:
-the native one below (algorithms chosen by cost, run in order by the communicator),
-or an external :class:`unison.backends.Backend` (``mpi``, ``torch``) when
-``unison.init(backend=...)`` picked one. Signatures (op, dtype, count, reduce op, root)
-ride in every frame so ranks that disagree get a :class:`MismatchError`.
+:class:`InvalidArgumentError`. The validated buffers then go to a
+:class:`unison.backends.Backend`: the native engine (algorithms chosen by cost, run in
+order by the communicator, :mod:`unison.backends.native`) or an external one
+(``mpi``, ``torch``) when ``unison.init(backend=...)`` picked it. Signatures (op,
+dtype, count, reduce op, root) ride in every native frame so ranks that disagree
+get a :class:`MismatchError`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._types import ReduceOp
-from ..algorithms import OpCode, OpContext, linear
-from ..algorithms import barrier_dissemination as barrier_algo
-from ..buffers import Buffer, as_buffer, check_op, kernel
+from ..backends.native import NATIVE
+from ..buffers import Buffer, as_buffer, check_op
 from ..errors import InvalidArgumentError
 from .communicator import Communicator
 from .work import Work
@@ -34,6 +34,7 @@ __all__ = [
     "all_to_all_single",
     "barrier",
     "broadcast",
+    "engine",
     "gather",
     "reduce",
     "reduce_scatter",
@@ -81,78 +82,39 @@ def _backend(comm: Communicator) -> Backend | None:
     return be
 
 
-def _choose(comm: Communicator, coll: str, nbytes: int) -> Any:
-    return comm.rt.choose(coll, comm.size, nbytes).module
+def engine(comm: Communicator) -> Backend:
+    """The engine that runs this group's operations."""
+    return _backend(comm) or NATIVE
 
 
 def broadcast(comm: Communicator, buf: Any, src: int, async_op: bool) -> Work | None:
     comm.require_member("broadcast")
     b = as_buffer(buf, "broadcast buffer")
     root = comm.group_rank(src, "src")
-    be = _backend(comm)
-    if be is not None:
-        return be.broadcast(comm, b, root, async_op)
-    algo = _choose(comm, "broadcast", b.nbytes)
-
-    def body(ctx: OpContext) -> None:
-        algo.run(ctx, b.array, root, ctx.seg_count(b.dtype))
-
-    sig = comm.sig(OpCode.BROADCAST, b.dtype, b.count, root=src)
-    return comm.submit(OpCode.BROADCAST, sig, body, async_op)
+    return engine(comm).broadcast(comm, b, root, async_op)
 
 
 def all_reduce(comm: Communicator, buf: Any, op: Any, async_op: bool) -> Work | None:
     comm.require_member("all_reduce")
     b = as_buffer(buf, "all_reduce buffer")
     rop = _op(op)
-    kern = kernel(rop, b.dtype)
-    be = _backend(comm)
-    if be is not None:
-        return be.all_reduce(comm, b, rop, async_op)
-    algo = _choose(comm, "allreduce", b.nbytes)
-
-    def body(ctx: OpContext) -> None:
-        algo.run(ctx, b.array, kern, rop, b.dtype, ctx.seg_count(b.dtype))
-
-    sig = comm.sig(OpCode.ALL_REDUCE, b.dtype, b.count, redop=rop)
-    return comm.submit(OpCode.ALL_REDUCE, sig, body, async_op)
+    check_op(rop, b.dtype)
+    return engine(comm).all_reduce(comm, b, rop, async_op)
 
 
 def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> Work | None:
     comm.require_member("reduce")
     b = as_buffer(buf, "reduce buffer")
     rop = _op(op)
-    kern = kernel(rop, b.dtype)
+    check_op(rop, b.dtype)
     root = comm.group_rank(dst, "dst")
-    be = _backend(comm)
-    if be is not None:
-        return be.reduce(comm, b, root, rop, async_op)
-    algo = _choose(comm, "reduce", b.nbytes)
-
-    def body(ctx: OpContext) -> None:
-        algo.run(ctx, b.array, root, kern, rop, b.dtype, ctx.seg_count(b.dtype))
-
-    sig = comm.sig(OpCode.REDUCE, b.dtype, b.count, redop=rop, root=dst)
-    return comm.submit(OpCode.REDUCE, sig, body, async_op)
+    return engine(comm).reduce(comm, b, root, rop, async_op)
 
 
 def _allgather_submit(
     comm: Communicator, b: Buffer, blocks: list[np.ndarray], async_op: bool, result: Any
 ) -> Work | None:
-    be = _backend(comm)
-    if be is not None:
-        return be.all_gather(comm, b, blocks, async_op, result)
-    algo = _choose(comm, "allgather", b.nbytes * comm.size)
-    me = comm.require_member("all_gather")
-
-    def body(ctx: OpContext) -> Any:
-        if not np.shares_memory(blocks[me], b.array):
-            blocks[me][:] = b.array
-        algo.run(ctx, blocks, ctx.seg_count(b.dtype))
-        return result
-
-    sig = comm.sig(OpCode.ALL_GATHER, b.dtype, b.count)
-    return comm.submit(OpCode.ALL_GATHER, sig, body, async_op)
+    return engine(comm).all_gather(comm, b, blocks, async_op, result)
 
 
 def all_gather(comm: Communicator, out_list: Any, buf: Any, async_op: bool) -> Work | None:
@@ -192,15 +154,7 @@ def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int, async_op: b
     root = comm.group_rank(dst, "dst")
     outs = _rooted_list(comm, gather_list, "gather_list", b, me == root, writable=True)
     blocks = None if outs is None else [o.array for o in outs]
-    be = _backend(comm)
-    if be is not None:
-        return be.gather(comm, b, blocks, root, async_op)
-
-    def body(ctx: OpContext) -> None:
-        linear.gather(ctx, b.array, blocks, root)
-
-    sig = comm.sig(OpCode.GATHER, b.dtype, b.count, root=dst)
-    return comm.submit(OpCode.GATHER, sig, body, async_op)
+    return engine(comm).gather(comm, b, blocks, root, async_op)
 
 
 def scatter(
@@ -211,36 +165,15 @@ def scatter(
     root = comm.group_rank(src, "src")
     ins = _rooted_list(comm, scatter_list, "scatter_list", b, me == root, writable=False)
     blocks = None if ins is None else [i.array for i in ins]
-    be = _backend(comm)
-    if be is not None:
-        return be.scatter(comm, b, blocks, root, async_op)
-
-    def body(ctx: OpContext) -> None:
-        linear.scatter(ctx, b.array, blocks, root)
-
-    sig = comm.sig(OpCode.SCATTER, b.dtype, b.count, root=src)
-    return comm.submit(OpCode.SCATTER, sig, body, async_op)
+    return engine(comm).scatter(comm, b, blocks, root, async_op)
 
 
 def _reduce_scatter_submit(
     comm: Communicator, o: Buffer, blocks: list[np.ndarray], op: Any, async_op: bool
 ) -> Work | None:
     rop = _op(op)
-    kern = kernel(rop, o.dtype)
-    be = _backend(comm)
-    if be is not None:
-        return be.reduce_scatter(comm, o, blocks, rop, async_op)
-    algo = _choose(comm, "reduce_scatter", o.nbytes * comm.size)
-
-    def body(ctx: OpContext) -> None:
-        algo.run(ctx, blocks, o.array, kern, ctx.seg_count(o.dtype))
-        if rop is ReduceOp.AVG:
-            from ..buffers import finalize_average
-
-            finalize_average(o.array, o.dtype, ctx.size)
-
-    sig = comm.sig(OpCode.REDUCE_SCATTER, o.dtype, o.count, redop=rop)
-    return comm.submit(OpCode.REDUCE_SCATTER, sig, body, async_op)
+    check_op(rop, o.dtype)
+    return engine(comm).reduce_scatter(comm, o, blocks, rop, async_op)
 
 
 def reduce_scatter(
@@ -276,17 +209,7 @@ def _alltoall_submit(
     async_op: bool,
     result: Any,
 ) -> Work | None:
-    be = _backend(comm)
-    if be is not None:
-        return be.all_to_all(comm, outs, ins, async_op, result)
-    algo = _choose(comm, "alltoall", sum(int(x.nbytes) for x in ins))
-
-    def body(ctx: OpContext) -> Any:
-        algo.run(ctx, outs, ins)
-        return result
-
-    sig = comm.sig(OpCode.ALL_TO_ALL, ref.dtype)
-    return comm.submit(OpCode.ALL_TO_ALL, sig, body, async_op)
+    return engine(comm).all_to_all(comm, outs, ins, async_op, result, ref)
 
 
 def all_to_all(comm: Communicator, out_list: Any, in_list: Any, async_op: bool) -> Work | None:
@@ -346,11 +269,4 @@ def all_to_all_single(
 
 def barrier(comm: Communicator, async_op: bool) -> Work | None:
     comm.require_member("barrier")
-    be = _backend(comm)
-    if be is not None:
-        return be.barrier(comm, async_op)
-
-    def body(ctx: OpContext) -> None:
-        barrier_algo.run(ctx)
-
-    return comm.submit(OpCode.BARRIER, comm.sig(OpCode.BARRIER), body, async_op)
+    return engine(comm).barrier(comm, async_op)
