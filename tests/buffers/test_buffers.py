@@ -85,3 +85,15 @@ def test_torch_tensors_and_bfloat16() -> None:
     assert torch.equal(t, torch.arange(6, dtype=torch.bfloat16) + 1)
     with pytest.raises(InvalidArgumentError, match="contiguous"):
         as_buffer(torch.zeros(4, 4).t())
+
+
+def test_device_tensors_pass_only_where_the_engine_moves_them() -> None:
+    torch = pytest.importorskip("torch")
+    from unison.errors import UnsupportedError
+
+    t = torch.zeros(3, 4, device="meta")  # a non-CPU tensor that needs no GPU
+    with pytest.raises(UnsupportedError, match="backend='torch'"):
+        as_buffer(t)
+    b = as_buffer(t, device_ok=True)
+    assert b.on_device and b.count == 12 and b.nbytes == 48 and b.source is t
+    assert not as_buffer(torch.zeros(2)).on_device

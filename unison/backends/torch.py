@@ -46,6 +46,8 @@ def _unsupported(e: BaseException) -> bool:
 
 class TorchBackend:
     name = "torch"
+    #: broadcast/all_reduce/reduce take CUDA tensors as they are (NCCL, no host staging)
+    accepts_device_buffers = True
 
     def __init__(self, config: Config) -> None:
         import torch

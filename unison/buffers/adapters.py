@@ -29,14 +29,21 @@ class Buffer:
     array: np.ndarray
     dtype: DType
     source: Any
+    #: element count of a device (GPU) tensor, whose ``array`` is an empty placeholder:
+    #: only engines that accept device buffers (torch.distributed/NCCL) ever see one
+    device_count: int | None = None
 
     @property
     def count(self) -> int:
-        return int(self.array.shape[0])
+        return int(self.array.shape[0]) if self.device_count is None else self.device_count
 
     @property
     def nbytes(self) -> int:
-        return int(self.array.nbytes)
+        return self.count * self.dtype.itemsize
+
+    @property
+    def on_device(self) -> bool:
+        return self.device_count is not None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -65,13 +72,13 @@ def _torch_dtypes() -> dict[Any, DType]:
     }
 
 
-def _from_torch(t: Any, what: str) -> Buffer:
+def _from_torch(t: Any, what: str, device_ok: bool = False) -> Buffer:
     import torch
 
-    if t.device.type != "cpu":
+    if t.device.type != "cpu" and not device_ok:
         raise UnsupportedError(
-            f"{what} is a {t.device.type} tensor; the native backend moves CPU memory only "
-            "(use unison.init(backend='torch') for GPU tensors)"
+            f"{what} is a {t.device.type} tensor; this operation moves CPU memory only here "
+            "(GPU tensors: broadcast, all_reduce and reduce with unison.init(backend='torch'))"
         )
     if t.is_sparse or t.layout != torch.strided:
         raise InvalidArgumentError(f"{what} must be a dense tensor, got layout {t.layout}")
@@ -83,6 +90,8 @@ def _from_torch(t: Any, what: str) -> Buffer:
     dtype = _torch_dtypes().get(t.dtype)
     if dtype is None:
         raise InvalidArgumentError(f"{what} has unsupported dtype {t.dtype}")
+    if t.device.type != "cpu":
+        return Buffer(np.empty(0, dtype.storage), dtype, t, device_count=int(t.numel()))
     d = t.detach()
     if dtype is DType.BFLOAT16:
         d = d.view(torch.int16)
@@ -90,11 +99,14 @@ def _from_torch(t: Any, what: str) -> Buffer:
     return Buffer(arr, dtype, t)
 
 
-def as_buffer(obj: Any, what: str = "buffer", *, writable: bool = True) -> Buffer:
+def as_buffer(
+    obj: Any, what: str = "buffer", *, writable: bool = True, device_ok: bool = False
+) -> Buffer:
     """Flatten ``obj`` (numpy array or torch CPU tensor) without copying.
 
     Raises :class:`InvalidArgumentError` for anything that is not a contiguous
-    buffer of a supported dtype, before anything is sent.
+    buffer of a supported dtype, before anything is sent. GPU tensors are accepted
+    only with ``device_ok`` (an engine that moves device memory itself).
     """
     if isinstance(obj, Buffer):
         return obj
@@ -111,7 +123,7 @@ def as_buffer(obj: Any, what: str = "buffer", *, writable: bool = True) -> Buffe
             raise InvalidArgumentError(f"{what} has unsupported dtype {obj.dtype}")
         return Buffer(obj.reshape(-1), dtype, obj)
     if is_torch_tensor(obj):
-        return _from_torch(obj, what)
+        return _from_torch(obj, what, device_ok)
     raise InvalidArgumentError(
         f"{what} must be a numpy array or a torch tensor, got {type(obj).__name__}"
     )

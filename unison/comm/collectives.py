@@ -59,7 +59,7 @@ def _list(
         raise InvalidArgumentError(
             f"{what} has {len(items)} entries; group {comm.id} has {comm.size} ranks"
         )
-    out = [as_buffer(x, f"{what}[{i}]", writable=writable) for i, x in enumerate(items)]
+    out = [_as(comm, x, f"{what}[{i}]", writable=writable) for i, x in enumerate(items)]
     for i, b in enumerate(out):
         if b.dtype is not ref.dtype:
             raise InvalidArgumentError(
@@ -82,6 +82,15 @@ def _backend(comm: Communicator) -> Backend | None:
     return be
 
 
+def _as(
+    comm: Communicator, obj: Any, what: str, *, writable: bool = True, device: bool = False
+) -> Buffer:
+    """:func:`as_buffer`; ``device``: a whole-buffer operation that lets GPU tensors
+    through when the group's engine moves device memory itself (torch/NCCL)."""
+    ok = device and bool(getattr(engine(comm), "accepts_device_buffers", False))
+    return as_buffer(obj, what, writable=writable, device_ok=ok)
+
+
 def engine(comm: Communicator) -> Backend:
     """The engine that runs this group's operations."""
     return _backend(comm) or NATIVE
@@ -89,14 +98,14 @@ def engine(comm: Communicator) -> Backend:
 
 def broadcast(comm: Communicator, buf: Any, src: int, async_op: bool) -> Work | None:
     comm.require_member("broadcast")
-    b = as_buffer(buf, "broadcast buffer")
+    b = _as(comm, buf, "broadcast buffer", device=True)
     root = comm.group_rank(src, "src")
     return engine(comm).broadcast(comm, b, root, async_op)
 
 
 def all_reduce(comm: Communicator, buf: Any, op: Any, async_op: bool) -> Work | None:
     comm.require_member("all_reduce")
-    b = as_buffer(buf, "all_reduce buffer")
+    b = _as(comm, buf, "all_reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
     return engine(comm).all_reduce(comm, b, rop, async_op)
@@ -104,7 +113,7 @@ def all_reduce(comm: Communicator, buf: Any, op: Any, async_op: bool) -> Work | 
 
 def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> Work | None:
     comm.require_member("reduce")
-    b = as_buffer(buf, "reduce buffer")
+    b = _as(comm, buf, "reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
     root = comm.group_rank(dst, "dst")
@@ -119,15 +128,15 @@ def _allgather_submit(
 
 def all_gather(comm: Communicator, out_list: Any, buf: Any, async_op: bool) -> Work | None:
     comm.require_member("all_gather")
-    b = as_buffer(buf, "all_gather buffer", writable=False)
+    b = _as(comm, buf, "all_gather buffer", writable=False)
     outs = _list(comm, out_list, "all_gather output list", b, writable=True)
     return _allgather_submit(comm, b, [o.array for o in outs], async_op, out_list)
 
 
 def all_gather_into_tensor(comm: Communicator, out: Any, buf: Any, async_op: bool) -> Work | None:
     comm.require_member("all_gather_into_tensor")
-    b = as_buffer(buf, "all_gather input", writable=False)
-    o = as_buffer(out, "all_gather output")
+    b = _as(comm, buf, "all_gather input", writable=False)
+    o = _as(comm, out, "all_gather output")
     if o.dtype is not b.dtype or o.count != b.count * comm.size:
         raise InvalidArgumentError(
             f"all_gather output must hold {comm.size} x {b.count} {b.dtype.label} elements, "
@@ -150,7 +159,7 @@ def _rooted_list(
 
 def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int, async_op: bool) -> Work | None:
     me = comm.require_member("gather")
-    b = as_buffer(buf, "gather buffer", writable=False)
+    b = _as(comm, buf, "gather buffer", writable=False)
     root = comm.group_rank(dst, "dst")
     outs = _rooted_list(comm, gather_list, "gather_list", b, me == root, writable=True)
     blocks = None if outs is None else [o.array for o in outs]
@@ -161,7 +170,7 @@ def scatter(
     comm: Communicator, buf: Any, scatter_list: Any, src: int, async_op: bool
 ) -> Work | None:
     me = comm.require_member("scatter")
-    b = as_buffer(buf, "scatter buffer")
+    b = _as(comm, buf, "scatter buffer")
     root = comm.group_rank(src, "src")
     ins = _rooted_list(comm, scatter_list, "scatter_list", b, me == root, writable=False)
     blocks = None if ins is None else [i.array for i in ins]
@@ -180,7 +189,7 @@ def reduce_scatter(
     comm: Communicator, out: Any, in_list: Any, op: Any, async_op: bool
 ) -> Work | None:
     comm.require_member("reduce_scatter")
-    o = as_buffer(out, "reduce_scatter output")
+    o = _as(comm, out, "reduce_scatter output")
     check_op(_op(op), o.dtype)
     ins = _list(comm, in_list, "reduce_scatter input list", o, writable=False)
     return _reduce_scatter_submit(comm, o, [i.array for i in ins], op, async_op)
@@ -190,8 +199,8 @@ def reduce_scatter_tensor(
     comm: Communicator, out: Any, inbuf: Any, op: Any, async_op: bool
 ) -> Work | None:
     comm.require_member("reduce_scatter_tensor")
-    o = as_buffer(out, "reduce_scatter output")
-    i = as_buffer(inbuf, "reduce_scatter input", writable=False)
+    o = _as(comm, out, "reduce_scatter output")
+    i = _as(comm, inbuf, "reduce_scatter input", writable=False)
     check_op(_op(op), o.dtype)
     if i.dtype is not o.dtype or i.count != o.count * comm.size:
         raise InvalidArgumentError(
@@ -216,7 +225,7 @@ def all_to_all(comm: Communicator, out_list: Any, in_list: Any, async_op: bool) 
     comm.require_member("all_to_all")
     if not isinstance(in_list, (list, tuple)) or not in_list:
         raise InvalidArgumentError(f"all_to_all input list must hold {comm.size} buffers")
-    ref = as_buffer(in_list[0], "all_to_all input list[0]", writable=False)
+    ref = _as(comm, in_list[0], "all_to_all input list[0]", writable=False)
     ins = _list(comm, in_list, "all_to_all input list", ref, writable=False, equal=False)
     outs = _list(comm, out_list, "all_to_all output list", ref, writable=True, equal=False)
     return _alltoall_submit(
@@ -256,8 +265,8 @@ def all_to_all_single(
     async_op: bool,
 ) -> Work | None:
     comm.require_member("all_to_all_single")
-    i = as_buffer(inbuf, "all_to_all input", writable=False)
-    o = as_buffer(out, "all_to_all output")
+    i = _as(comm, inbuf, "all_to_all input", writable=False)
+    o = _as(comm, out, "all_to_all output")
     if o.dtype is not i.dtype:
         raise InvalidArgumentError(
             f"all_to_all output is {o.dtype.label}, input is {i.dtype.label}"
