@@ -192,3 +192,22 @@ def test_ctrl_c_ends_ranks_on_every_host(two: BridgedHosts, tmp_path: Path) -> N
     assert "interrupted by SIGINT" in err
     for name in two.names:
         assert _pids(name) == [], name
+
+
+def test_bench_runs_across_hosts(two: BridgedHosts, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    spec = ",".join(f"{n}:2" for n in two.names)
+    r = subprocess.run(
+        [sys.executable, "-m", "unison.launch.cli", "bench", "-np", "4", "-H", spec,
+         "--rsh", "ip netns exec {host}", "--store-addr", two.launcher_addr,
+         "--network-interface", IFACE, "--sizes", "1K,64K", "--iters", "5",
+         "--compare", "gloo", "--json", str(out)],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=100,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    data = json.loads(out.read_text())
+    rows = [row for row in data["rows"] if row["impl"] == "unison"]
+    assert {row["size"] for row in rows} == {1024, 65536}, data
+    assert "gloo" in data["meta"]["skipped"], data["meta"]

@@ -53,6 +53,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default="", help="write every row and the run's context here")
     p.add_argument("--plot", default="", help="draw busbw and latency vs size (PNG)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per implementation")
+    from ..launch.hosts import add_host_options
+
+    add_host_options(p)  # -H/--hostfile/--rsh/--store-addr/--network-interface, as unison run
 
 
 def _free_port() -> int:
@@ -79,9 +82,15 @@ def missing(impl: str) -> str | None:
 
 
 def run_impl(
-    impl: str, spec: BenchSpec, np_: int, env: dict[str, str], timeout: float
+    impl: str,
+    spec: BenchSpec,
+    np_: int,
+    env: dict[str, str],
+    timeout: float,
+    placement: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Run one implementation's sweep; (rows, failure reason)."""
+    """Run one implementation's sweep; (rows, failure reason). ``placement``: the
+    multi-host options of ``unison run`` (hosts, rsh, store_addr, network_interface)."""
     with tempfile.TemporaryDirectory(prefix="unison-bench-") as tmp:
         out = os.path.join(tmp, "rows.jsonl")
         worker = [sys.executable, "-m", "unison.bench.worker", impl, spec.to_json(), out]
@@ -96,7 +105,12 @@ def run_impl(
             from ..launch.launcher import run_job
 
             status = run_job(
-                [*worker, str(_free_port())], np_, env=env, prefix=False, job_timeout=timeout
+                [*worker, str(_free_port())],
+                np_,
+                env=env,
+                prefix=False,
+                job_timeout=timeout,
+                **(placement or {}),
             )
         if status != 0 or not os.path.exists(out):
             return [], f"{impl} ranks exited with status {status}"
@@ -145,10 +159,24 @@ def main(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     impls = ["unison", *peers]
     ran = []
+    from ..launch.hosts import host_list
+
+    hosts = host_list(args.hosts, args.hostfile)
+    placement: dict[str, Any] = {}
+    if hosts is not None:
+        placement = {
+            "hosts": hosts,
+            "rsh": args.rsh,
+            "store_addr": args.store_addr,
+            "network_interface": args.network_interface,
+        }
+        meta["hosts"] = hosts
     for impl in impls:
         why = missing(impl)
+        if why is None and hosts is not None and impl != "unison":
+            why = "peers are measured on one host only (no -H for gloo/mpi yet)"
         if why is None:
-            got, why = run_impl(impl, spec, args.np, env, args.timeout)
+            got, why = run_impl(impl, spec, args.np, env, args.timeout, placement)
             rows += got
         if why is not None:
             meta["skipped"][impl] = why
