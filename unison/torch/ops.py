@@ -239,18 +239,25 @@ def grouped_allreduce_async_(
     return _allreduce(ts, ts, name, rop, prescale_factor, postscale_factor, process_set, True)
 
 
+def _check_grouped(tensors: Sequence[torch.Tensor], what: str) -> list[torch.Tensor]:
+    """Tensors of a (grouped) allgather/reducescatter: at least one, each of at least one
+    dimension, all of one dtype."""
+    ts = [_check(t, f"{what} tensor") for t in tensors]
+    if not ts:
+        raise ValueError(f"grouped_{what} needs at least one tensor")
+    for t in ts:
+        if t.dim() == 0:
+            raise ValueError(f"{what} needs tensors of at least one dimension")
+    if len({t.dtype for t in ts}) != 1:
+        raise ValueError(f"all tensors of a grouped {what} must have one dtype")
+    return ts
+
+
 # --- allgather ----------------------------------------------------------------------------------
 def _allgather(
     tensors: Sequence[torch.Tensor], name: str | None, ps: ProcessSet, grouped: bool
 ) -> Handle:
-    ts = [_check(t, "allgather tensor") for t in tensors]
-    if not ts:
-        raise ValueError("grouped_allgather needs at least one tensor")
-    for t in ts:
-        if t.dim() == 0:
-            raise ValueError("allgather needs tensors of at least one dimension")
-    if len({t.dtype for t in ts}) != 1:
-        raise ValueError("all tensors of a grouped allgather must have one dtype")
+    ts = _check_grouped(tensors, "allgather")
     req = Request(
         _auto_name("grouped_allgather" if grouped else "allgather", name, ps),
         Kind.ALLGATHER,
@@ -363,14 +370,7 @@ def _reducescatter(
     rop = Op.AVERAGE if op is None else Op(int(op))
     if rop == Op.ADASUM:
         raise NotImplementedError("reducescatter does not support Adasum")
-    ts = [_check(t, "reducescatter tensor") for t in tensors]
-    if not ts:
-        raise ValueError("grouped_reducescatter needs at least one tensor")
-    for t in ts:
-        if t.dim() == 0:
-            raise ValueError("reducescatter needs tensors of at least one dimension")
-    if len({t.dtype for t in ts}) != 1:
-        raise ValueError("all tensors of a grouped reducescatter must have one dtype")
+    ts = _check_grouped(tensors, "reducescatter")
     req = Request(
         _auto_name("grouped_reducescatter" if grouped else "reducescatter", name, ps),
         Kind.REDUCESCATTER,
