@@ -30,7 +30,7 @@ from ..errors import MismatchError
 from ..transport.framing import OpSig
 from ..transport.request import Request
 
-__all__ = ["ROOTED", "Confirmation", "confirm", "foreign_frame_error", "sig_hash"]
+__all__ = ["ROOTED", "Confirmation", "foreign_frame_error", "sig_hash"]
 
 ROOTED = frozenset({OpCode.BROADCAST, OpCode.REDUCE, OpCode.GATHER, OpCode.SCATTER})
 
@@ -88,11 +88,6 @@ class Confirmation:
         if vals[0] == self.h and -vals[1] == self.h:
             return
         _disagreement(self.data_ctx, check)
-
-
-def confirm(data_ctx: OpContext, check: OpContext) -> None:
-    """Raise MismatchError on every rank unless all ranks ran ``data_ctx.sig``."""
-    Confirmation(data_ctx, check).finish()
 
 
 def _disagreement(data_ctx: OpContext, check: OpContext) -> None:

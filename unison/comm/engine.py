@@ -64,10 +64,6 @@ class Engine:
                     self._busy = False
                     self._cv.notify_all()
 
-    def idle(self) -> bool:
-        with self._cv:
-            return not self._busy and not self._queue
-
     def close(self, timeout: float = 5.0) -> None:
         with self._cv:
             self._closed = True
