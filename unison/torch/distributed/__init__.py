@@ -39,9 +39,12 @@ def _create(opts: Any, pg_options: Any = None) -> UnisonProcessGroup:
 
         rt = current()
     comm = communicator(rt, str(opts.group_id), ranks, default)
-    return UnisonProcessGroup(
+    pg = UnisonProcessGroup(
         opts.store, opts.group_rank, opts.group_size, opts.timeout, comm, default
     )
+    # torch names only C++ backends itself; FSDP2 and DTensor look groups up by name
+    pg._set_group_name(str(opts.group_id))
+    return pg
 
 
 if BACKEND.upper() not in dist.Backend._plugins:

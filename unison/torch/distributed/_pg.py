@@ -103,6 +103,19 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return "unison"
 
+    # torch keeps the name of a Python group in the group itself
+    def setGroupName(self, name: str) -> None:
+        self._group_name = str(name)
+
+    def getGroupName(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = str(desc)
+
+    def getGroupDesc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
     def __repr__(self) -> str:
         return f"<UnisonProcessGroup rank {self.rank()} of {self.size()} ranks={self._ranks}>"
 

@@ -35,6 +35,12 @@ class _TorchRuntime(_rt.Runtime):
     def _open_store(self) -> Store:
         return self._torch_store
 
+    def close(self) -> None:
+        # torch owns the store and its server: no leaving handshake through it (the
+        # rank hosting it may already be gone)
+        self.store = None
+        super().close()
+
 
 def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
     """The unison runtime of this process, started through torch's ``store`` if needed."""
