@@ -89,7 +89,7 @@ def fsdp_dcp_job(backend: str, ckpt_dir: str) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.fsdp import fully_shard
 
-    rank, size = init(backend)
+    rank, _size = init(backend)
     res: dict[str, Any] = {}
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 4))

@@ -43,7 +43,7 @@ def _create(opts: Any, pg_options: Any = None) -> UnisonProcessGroup:
         opts.store, opts.group_rank, opts.group_size, opts.timeout, comm, default
     )
     # torch names only C++ backends itself; FSDP2 and DTensor look groups up by name
-    pg._set_group_name(str(opts.group_id))
+    pg._set_group_name(opts.group_id)
     return pg
 
 
