@@ -31,7 +31,7 @@ def _torch_type(tp: type[BaseException]) -> type[BaseException]:
     with _CACHE_LOCK:
         out = _CACHE.get(tp)
         if out is None:
-            out = type(f"Dist{tp.__name__}", (dist.DistBackendError, tp), {})
+            out = type(f"Dist{tp.__name__}", (tp, dist.DistBackendError), {})
             out.__module__ = __name__
             _CACHE[tp] = out
         return out
@@ -41,8 +41,7 @@ def translate(exc: BaseException) -> BaseException:
     """unison's error as the error a torch.distributed user catches (same message)."""
     if isinstance(exc, dist.DistBackendError) or not isinstance(exc, E.CommunicationError):
         return exc
-    new = _torch_type(type(exc)).__new__(_torch_type(type(exc)), str(exc))
-    BaseException.__init__(new, str(exc))
+    new = _torch_type(type(exc))(str(exc))
     for name in ("op", "seq", "group", "ranks", "remote", "abort_payload"):
         setattr(new, name, getattr(exc, name, None))
     new.__cause__ = exc
