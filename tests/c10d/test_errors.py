@@ -22,7 +22,7 @@ def test_mismatch_and_timeout_are_torch_errors_naming_ranks() -> None:
 def test_dead_rank_is_named() -> None:
     outs = run(_errors.dead_rank, 2, timeout=100)
     assert outs[0].ok, outs[0].describe()
-    name, text = outs[0].value["error"]
+    _name, text = outs[0].value["error"]
     assert outs[0].value["types"] == (True, True), outs[0].value
     assert "rank 1" in text, text
 
