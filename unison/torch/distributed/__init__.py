@@ -35,9 +35,13 @@ def _create(opts: Any, pg_options: Any = None) -> UnisonProcessGroup:
     if default:
         rt = join(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     else:
-        from ...comm.runtime import current
+        from ...comm.runtime import Runtime
+        from ...world import current
 
-        rt = current()
+        world = current()
+        if not isinstance(world, Runtime):
+            raise RuntimeError("unison: the default group must use the 'unison' backend too")
+        rt = world
     comm = communicator(rt, str(opts.group_id), ranks, default)
     pg = UnisonProcessGroup(
         opts.store, opts.group_rank, opts.group_size, opts.timeout, comm, default

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ...comm import collectives as _c
 from ...errors import CommunicationError
 
 if TYPE_CHECKING:
@@ -54,16 +53,13 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     count = _COUNTS.setdefault(id(comm), itertools.count())
     tag = _TAG_BASE + (next(count) % 0x0FFFFFFF)
     me, root = comm.rt.rank, pg._ranks[0]
-    eng = _c.engine(comm)
     ms = int(secs * 1000)
     if me != root:
         out = torch.zeros(1, dtype=torch.uint8)
-        b, p = comm._p2p_args(out, root, tag, "send", writable=False)
-        eng.isend(comm, b, p, tag).wait(secs)
+        comm.isend(out, root, tag).wait(secs)
         got = torch.zeros(1, dtype=torch.uint8)
-        b, p = comm._p2p_args(got, root, tag, "recv", writable=True)
         try:
-            eng.irecv(comm, b, p, tag).wait(secs)
+            comm.irecv(got, root, tag).wait(secs)
         except CommunicationError as exc:
             raise dist.DistBackendError(
                 f"Rank {pg.rank()} successfully reached monitoredBarrier, but received errors "
@@ -75,8 +71,7 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     works = []
     for r in pg._ranks[1:]:
         buf = torch.zeros(1, dtype=torch.uint8)
-        b, p = comm._p2p_args(buf, r, tag, "recv", writable=True)
-        works.append((pg._ranks.index(r), eng.irecv(comm, b, p, tag)))
+        works.append((pg._ranks.index(r), comm.irecv(buf, r, tag)))
     failed: list[int] = []
     for grank, w in works:
         left = secs if wait_all_ranks else max(secs - (time.monotonic() - start), 0.0)
@@ -96,5 +91,4 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
         )
     for r in pg._ranks[1:]:
         rel = torch.ones(1, dtype=torch.uint8)
-        b, p = comm._p2p_args(rel, r, tag, "send", writable=False)
-        eng.isend(comm, b, p, tag).wait(secs)
+        comm.isend(rel, r, tag).wait(secs)

@@ -319,22 +319,15 @@ class UnisonProcessGroup(dist.ProcessGroup):
         b = st(tensors[0], write=False)
         peer = self._global(dstRank, "send")
 
-        def go() -> UWork:
-            buf, p = self._comm._p2p_args(b, peer, tag, "send", writable=False)
-            return _c.engine(self._comm).isend(self._comm, buf, p, int(tag))
-
-        return self._work("send", [self._start(go)], list(tensors), st)
+        return self._work("send", [self._start(self._comm.isend, b, peer, tag)], list(tensors), st)
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> UnisonWork:
         st = _Stage()
         b = st(tensors[0])
         peer = self._global(srcRank, "recv")
 
-        def go() -> UWork:
-            buf, p = self._comm._p2p_args(b, peer, tag, "recv", writable=True)
-            return _c.engine(self._comm).irecv(self._comm, buf, p, int(tag))
-
-        return self._work("recv", [self._start(go)], list(tensors), st, lambda: int(srcRank))
+        part = self._start(self._comm.irecv, b, peer, tag)
+        return self._work("recv", [part], list(tensors), st, lambda: int(srcRank))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> UnisonWork:
         from ._anysource import recv_anysource

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ... import world as _w
+from ...backends.native import NATIVE
 from ...comm import runtime as _rt
 from ...comm.communicator import Communicator
 from ...config import load_config
@@ -29,7 +31,7 @@ class _TorchRuntime(_rt.Runtime):
     """A unison runtime whose rendezvous store is the one torch connected."""
 
     def __init__(self, job: JobInfo, store: Store, config: object) -> None:
-        super().__init__(job, config)  # type: ignore[arg-type]
+        super().__init__(job, config, NATIVE)  # type: ignore[arg-type]
         self._torch_store = store
 
     def _open_store(self) -> Store:
@@ -45,8 +47,13 @@ class _TorchRuntime(_rt.Runtime):
 def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
     """The unison runtime of this process, started through torch's ``store`` if needed."""
     with _LOCK:
-        if _rt.is_initialized():
-            rt = _rt.current()
+        if _w.is_initialized():
+            rt = _w.current()
+            if not isinstance(rt, _rt.Runtime):
+                raise InvalidArgumentError(
+                    "unison is initialized with an external backend; the c10d backend "
+                    "'unison' needs unison's own engine (unison.init(backend='native'))"
+                )
             if rt.size != size or rt.rank != rank:
                 raise InvalidArgumentError(
                     f"unison is initialized as rank {rt.rank} of {rt.size}, but torch.distributed "
@@ -83,8 +90,8 @@ def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
         except BaseException:
             rt.close()
             raise
-        with _rt._LOCK:
-            _rt._RT = rt
+        with _w._LOCK:
+            _w._RT = rt
         OWNED["runtime"] = True
         return rt
 
@@ -94,7 +101,7 @@ def leave() -> None:
     with _LOCK:
         if OWNED["runtime"]:
             OWNED["runtime"] = False
-            _rt.shutdown()
+            _w.shutdown()
 
 
 def communicator(
