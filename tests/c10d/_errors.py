@@ -66,8 +66,9 @@ def dead_rank() -> dict[str, Any]:
 
 
 def work_wait_timeout() -> dict[str, Any]:
-    """Work.wait(timeout) gives up without failing the operation, as torch's does."""
-    rank, _ = init(timeout=30.0)
+    """Work.wait(timeout) gives up without failing the operation, as torch's does.
+    Initialized as "cpu:unison,cuda:nccl": CPU tensors run on unison."""
+    rank, _ = init("cpu:unison,cuda:nccl", timeout=30.0)
     store = dist.distributed_c10d._get_default_store()
     out: dict[str, Any] = {}
     if rank == 0:
@@ -82,6 +83,10 @@ def work_wait_timeout() -> dict[str, Any]:
     else:
         store.wait(["c10d-test/go"], timedelta(seconds=60))
         dist.send(torch.tensor([5.0, 6.0]), dst=0, tag=3)
+    out["backend"] = str(dist.get_backend())
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    out["sum"] = t.tolist()
     dist.barrier()
     dist.destroy_process_group()
     return out

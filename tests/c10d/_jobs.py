@@ -212,6 +212,28 @@ def collectives() -> dict[str, int]:
         rw.wait()
         assert r_t.tolist() == (torch.arange(5.0) + left).tolist(), r_t
         checks += 3
+    # recv(src=None): any source; per sender in send order; the source is returned
+    if size > 1:
+        if rank == 0:
+            seen: dict[int, list[float]] = {}
+            for _ in range(2 * (size - 1)):
+                t = torch.empty(2)
+                src = dist.recv(t, tag=11)
+                assert t[0].item() == float(src), (src, t)
+                seen.setdefault(src, []).append(t[1].item())
+            assert seen == {r: [0.0, 1.0] for r in range(1, size)}, seen
+            t = torch.empty(2)
+            w = dist.irecv(t, tag=12)  # posted before anything is sent
+            dist.barrier()
+            w.wait()
+            assert t[0].item() == float(size - 1) and w._source_rank() == size - 1, t
+        else:
+            for k in range(2):
+                dist.send(torch.tensor([float(rank), float(k)]), dst=0, tag=11)
+            dist.barrier()
+            if rank == size - 1:
+                dist.send(torch.tensor([float(rank), 0.0]), dst=0, tag=12)
+        checks += 2
     # futures: get_future completes without wait; then() chains
     t = torch.ones(8)
     fut = dist.all_reduce(t, async_op=True).get_future()

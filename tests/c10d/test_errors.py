@@ -32,3 +32,4 @@ def test_work_wait_timeout_leaves_operation_running() -> None:
     assert outs[0]["early"] == ("DistCollectiveTimeoutError", True), outs[0]
     assert outs[0]["completed_early"] is False
     assert outs[0]["value"] == [5.0, 6.0]
+    assert outs[0]["sum"] == [2.0, 2.0, 2.0], outs[0]
