@@ -42,3 +42,30 @@ def values(outs: list[Outcome]) -> list[Any]:
     bad = [o.describe() for o in outs if not o.ok]
     assert not bad, "\n".join(bad)
     return [o.value for o in outs]
+
+
+def _script(path: str, argv: list[str], port: int) -> int:
+    import os
+    import runpy
+    import sys
+
+    # torchrun's variables (until `unison run` exports them itself)
+    os.environ.update(
+        RANK=os.environ["UNISON_RANK"],
+        WORLD_SIZE=os.environ["UNISON_SIZE"],
+        LOCAL_RANK=os.environ["UNISON_RANK"],
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    sys.argv = [path, *argv]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    return 0
+
+
+def run_script(path: str, size: int, argv: Sequence[str] = (), timeout: float = 110.0) -> None:
+    """Run an example script on ``size`` real processes with torchrun's environment."""
+    values(run(_script, size, args=(path, list(argv), free_port()), timeout=timeout))
