@@ -32,8 +32,16 @@ class OutputForwarder:
     """Owns the read ends of the ranks' pipes; driven by the supervisor's selector."""
 
     def __init__(
-        self, sel: selectors.BaseSelector, out: BinaryIO, err: BinaryIO, *, prefix: bool
+        self,
+        sel: selectors.BaseSelector,
+        out: BinaryIO,
+        err: BinaryIO,
+        *,
+        prefix: bool,
+        files: str | None = None,
     ) -> None:
+        self._files_dir = files
+        self._files: dict[tuple[int, bool], BinaryIO] = {}
         self._sel = sel
         self._out = out
         self._err = err
@@ -43,6 +51,12 @@ class OutputForwarder:
         self._broken: set[int] = set()
 
     def add(self, rank: int, stdout_fd: int, stderr_fd: int) -> None:
+        if self._files_dir is not None:  # mpirun's layout: DIR/1/rank.N/stdout, stderr
+            where = os.path.join(self._files_dir, "1", f"rank.{rank}")
+            os.makedirs(where, exist_ok=True)
+            for is_err in (False, True):
+                name = os.path.join(where, "stderr" if is_err else "stdout")
+                self._files[rank, is_err] = open(name, "wb")
         for fd, is_err in ((stdout_fd, False), (stderr_fd, True)):
             os.set_blocking(fd, False)
             stream = _Stream(rank, fd, is_err)
@@ -85,6 +99,10 @@ class OutputForwarder:
         """Forward what is left and close every pipe (called when the job is over)."""
         for stream in list(self._open.values()):
             self._finish(stream)
+        for f in self._files.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        self._files.clear()
 
     def _finish(self, stream: _Stream) -> None:
         if stream.pending:
@@ -104,6 +122,11 @@ class OutputForwarder:
                 if text:
                     self._last_err[stream.rank] = text
                     break
+        copy = self._files.get((stream.rank, stream.err))
+        if copy is not None:
+            with contextlib.suppress(OSError, ValueError):
+                copy.write(b"".join(lines))
+                copy.flush()
         sink = self._err if stream.err else self._out
         if id(sink) in self._broken:
             return
