@@ -59,6 +59,8 @@ from .supervise import (
 __all__ = ["JobSupervisor", "configure_parser", "main", "rank_environment", "run_job"]
 
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL
+#: a failure reason with one of these is the consequence of another rank's failure
+_CONSEQUENCES = ("PeerLostError", "AbortedError", "has shut down", "lost connection to rank")
 FAILURE_GRACE = 2.0  # after a failure, before the others get SIGTERM (they say why first)
 DRAIN_SECONDS = 2.0  # output still read after the last rank exited
 EXIT_JOB_TIMEOUT = 124
@@ -466,14 +468,17 @@ class JobSupervisor:
 
     # -- verdict ----------------------------------------------------------------------
     def _blame(self) -> tuple[RankProcess, str | None] | None:
-        """The root-cause failure: the first seen, unless a later one recorded an earlier time."""
-        best: tuple[RankProcess, str | None, float | None] | None = None
-        for rp in self.failed:
+        """The root-cause failure: not a rank that only lost a peer (ranks get a moment to
+        say why before they are ended), then the earliest recorded, then the first seen."""
+        best: tuple[tuple[bool, float, int], RankProcess, str | None] | None = None
+        for order, rp in enumerate(self.failed):
             raw = self.server.get_local(FAILURE_KEY.format(rank=rp.rank))
             why, when = parse_failure_record(raw) if raw is not None else (None, None)
-            if best is None or (when is not None and best[2] is not None and when < best[2]):
-                best = (rp, why, when)
-        return None if best is None else (best[0], best[1])
+            consequence = bool(why) and any(w in str(why) for w in _CONSEQUENCES)
+            key = (consequence, when if when is not None else float("inf"), order)
+            if best is None or key < best[0]:
+                best = (key, rp, why)
+        return None if best is None else (best[1], best[2])
 
     def _verdict(self) -> int:
         if self.stop_reason in ("timeout", "signal"):
