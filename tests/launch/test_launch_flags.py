@@ -133,3 +133,24 @@ def test_failing_rank_peers_say_why_and_typo_warned_once(tmp_path: Path) -> None
     typo = [line for line in r.stderr.splitlines() if "UNISON_TIMEOUTT" in line]
     assert len(typo) == 1 and "did you mean UNISON_TIMEOUT?" in typo[0], r.stderr
     assert typo[0].startswith("[0] ")
+
+
+def test_progress_redraws_to_a_pipe_are_one_line_with_one_prefix(tmp_path: Path) -> None:
+    script = tmp_path / "bar.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('tty', os.environ['UNISON_OUTPUT_TTY'], flush=True)\n"
+        "for epoch in (1, 2):\n"
+        "    for pct in (0, 50, 100):\n"
+        "        sys.stderr.write(f'\\repoch {epoch}: {pct}%|###|'); sys.stderr.flush()\n"
+        "    sys.stderr.write('\\r' + ' ' * 20 + '\\r'); sys.stderr.flush()\n"
+        "    print(f'epoch {epoch} done', flush=True)\n"
+        "sys.stderr.write('dos line\\r\\n')\n"
+    )
+    r = subprocess.run(
+        [*CLI, "-np", "1", sys.executable, str(script)],
+        capture_output=True, text=True, env=ENV, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[0] tty 0", "[0] epoch 1 done", "[0] epoch 2 done"]
+    assert r.stderr == "[0] dos line\n", repr(r.stderr)  # cleared bars leave nothing

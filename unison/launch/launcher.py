@@ -158,12 +158,20 @@ def rank_environment(
     if network_interface:
         env["UNISON_NETWORK_INTERFACE"] = network_interface
     env["PYTHONUNBUFFERED"] = "1"
+    env[C.ENV_OUTPUT_TTY] = "1" if _isatty(sys.stderr) else "0"
     if timeout is not None:
         env["UNISON_TIMEOUT"] = repr(float(timeout))
     if servers:
         env[C.ENV_NUM_SERVERS] = str(servers)
         env[C.ENV_ROLE] = "server" if rank >= size - servers else "worker"
     return env
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def run_job(
