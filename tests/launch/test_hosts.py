@@ -15,11 +15,13 @@ from unison.algorithms.cost import Link, TwoLevelLink
 from unison.algorithms.select import choose, table
 from unison.errors import InvalidArgumentError
 from unison.launch.hosts import (
+    DEFAULT_RSH,
     allocate,
     forwarded_environment,
     parse_hostfile,
     parse_hosts,
     remote_argv,
+    ssh_template,
 )
 from unison.transport.fabric import two_level
 
@@ -114,3 +116,13 @@ def test_forced_hierarchical_on_one_host_says_why(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode != 0
     assert "UnsupportedError" in r.stderr and "needs ranks on more than one host" in r.stderr
+
+
+def test_ssh_port_and_identity_join_the_default_agent() -> None:
+    t = ssh_template(DEFAULT_RSH, 2222, "/keys/my key")
+    assert remote_argv(t, "n1")[:8] == [
+        "ssh", "-o", "BatchMode=yes", "-p", "2222", "-i", "/keys/my key", "n1",
+    ]  # fmt: skip
+    assert ssh_template(DEFAULT_RSH, None, None) == DEFAULT_RSH
+    with pytest.raises(InvalidArgumentError, match="--rsh"):
+        ssh_template("ip netns exec {host}", 22, None)

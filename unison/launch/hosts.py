@@ -232,6 +232,21 @@ def add_host_options(p: object) -> None:
         "'ip netns exec {host}')",
     )
     p.add_argument(
+        "-p",
+        "--ssh-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="ssh port on every host (horovodrun's -p)",
+    )
+    p.add_argument(
+        "-i",
+        "--ssh-identity-file",
+        default=None,
+        metavar="FILE",
+        help="ssh private key to log in with (horovodrun's -i)",
+    )
+    p.add_argument(
         "--store-addr",
         default=None,
         metavar="ADDR[:PORT]",
@@ -247,6 +262,20 @@ def add_host_options(p: object) -> None:
         help="the interface ranks talk over (UNISON_NETWORK_INTERFACE); also picks "
         "the store's address when --store-addr is not given",
     )
+
+
+def ssh_template(rsh: str, port: int | None, identity: str | None) -> str:
+    """``--rsh`` with horovodrun's ``-p``/``-i`` added (only to the default ssh agent)."""
+    if port is None and identity is None:
+        return rsh
+    if rsh != DEFAULT_RSH:
+        raise InvalidArgumentError(
+            "-p/--ssh-port and -i/--ssh-identity-file go with ssh, not --rsh"
+        )
+    extra = ([f"-p {port}"] if port is not None else []) + (
+        [f"-i {shlex.quote(identity)}"] if identity else []
+    )
+    return DEFAULT_RSH.replace("{host}", " ".join([*extra, "{host}"]))
 
 
 def host_list(hosts: str | None, hostfile: str | None) -> list[tuple[str, int]] | None:

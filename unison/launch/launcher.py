@@ -42,6 +42,7 @@ from .hosts import (
     host_list,
     is_local,
     remote_argv,
+    ssh_template,
     store_endpoint,
 )
 from .options import configure_parser, free_port, parse_exports, resolve_np, stdin_ranks
@@ -92,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
             env={**os.environ, **extra_env},
             servers=args.servers,
             hosts=hosts,
-            rsh=args.rsh,
+            rsh=ssh_template(args.rsh, args.ssh_port, args.ssh_identity_file),
             store_addr=args.store_addr,
             network_interface=args.network_interface,
             oversubscribe=args.oversubscribe,
