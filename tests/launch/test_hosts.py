@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from unison.algorithms.cost import Link, TwoLevelLink
 from unison.algorithms.select import choose, table
 from unison.errors import InvalidArgumentError
 from unison.launch.hosts import (
@@ -23,7 +22,7 @@ from unison.launch.hosts import (
     remote_argv,
     ssh_template,
 )
-from unison.transport.fabric import two_level
+from unison.link import Link, TwoLevelLink, two_level
 
 ROOT = Path(__file__).resolve().parents[2]
 
