@@ -6,8 +6,11 @@ The launcher generates a per-job secret and id, serves the job's
 ``UNISON_*`` (and Horovod's ``HOROVOD_*``) environment, forwards their output and
 watches them. One failure fails the job: the first rank to fail is named with its
 exit code or signal and its reason (the :data:`~unison.jobenv.FAILURE_KEY`
-record it left in the store, else its last stderr line); every other rank's process
-group gets SIGTERM at once and SIGKILL after a short grace. Exit status: 0 when
+record it left in the store, else its last stderr line); the other ranks get
+:data:`FAILURE_GRACE` seconds to notice and report it themselves, then SIGTERM, then
+SIGKILL. Signals to the launcher reach the ranks (SIGINT as SIGINT, escalated to SIGTERM
+and SIGKILL by a repeat or the grace; SIGUSR1/SIGUSR2 forwarded); remote ranks get them
+through their wrapper (:mod:`.remote`). Exit status: 0 when
 every rank exits 0, else the first failing rank's status (128 + signal when killed),
 124 on ``--job-timeout``, 130/143 on SIGINT/SIGTERM, 127 when the command is not
 found.
