@@ -35,7 +35,7 @@ def _create(opts: Any, pg_options: Any = None) -> UnisonProcessGroup:
     if default:
         rt = join(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     else:
-        from ...comm.runtime import Runtime
+        from ...backends.native.runtime import Runtime
         from ...world import current
 
         world = current()

@@ -11,7 +11,7 @@ from typing import Any
 
 from ... import world as _w
 from ...backends.native import NATIVE
-from ...comm import runtime as _rt
+from ...backends.native import runtime as _rt
 from ...comm.communicator import Communicator
 from ...config import load_config
 from ...errors import InvalidArgumentError
