@@ -81,6 +81,13 @@ class _Stage:
         return run
 
 
+def _async(opts: Any) -> bool:
+    """Whether torch will hand the Work back to the user (``async_op=True``, and every
+    call from C++ such as DDP's); a blocking Python call runs inline, without a hand-off
+    to the group's engine thread."""
+    return True if opts is None else bool(getattr(opts, "asyncOp", True))
+
+
 class UnisonProcessGroup(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on unison."""
 
@@ -152,14 +159,14 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
         st, root = _Stage(), self._global(opts.rootRank, "broadcast")
         bufs = [st(t) for t in tensors]
-        parts = [self._start(_c.broadcast, self._comm, b, root, True) for b in bufs]
+        parts = [self._start(_c.broadcast, self._comm, b, root, _async(opts)) for b in bufs]
         return self._work("broadcast", parts, tensors, st)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> UnisonWork:
         op = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp)
         st = _Stage()
         bufs = [st(t) for t in tensors]
-        parts = [self._start(_c.all_reduce, self._comm, b, op, True) for b in bufs]
+        parts = [self._start(_c.all_reduce, self._comm, b, op, _async(opts)) for b in bufs]
         return self._work("all_reduce", parts, tensors, st)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
@@ -178,14 +185,14 @@ class UnisonProcessGroup(dist.ProcessGroup):
                 off += n
 
         st.back.append(back)
-        part = self._start(_c.all_reduce, self._comm, flat, op, True)
+        part = self._start(_c.all_reduce, self._comm, flat, op, _async(opts))
         return self._work("all_reduce_coalesced", [part], tensors, st)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
         op, st = _op(opts.reduceOp), _Stage()
         root = self._global(opts.rootRank, "reduce")
         bufs = [st(t) for t in tensors]
-        parts = [self._start(_c.reduce, self._comm, b, root, op, True) for b in bufs]
+        parts = [self._start(_c.reduce, self._comm, b, root, op, _async(opts)) for b in bufs]
         return self._work("reduce", parts, tensors, st)
 
     def allgather(
@@ -196,7 +203,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         for outs, inp in zip(output_tensors, input_tensors, strict=True):
             o = [st(t) for t in outs]
             i = st(inp, write=False)
-            parts.append(self._start(_c.all_gather, self._comm, o, i, True))
+            parts.append(self._start(_c.all_gather, self._comm, o, i, _async(opts)))
         flat = [t for outs in output_tensors for t in outs]
         return self._work("all_gather", parts, flat, st)
 
@@ -208,7 +215,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         for outs, inp in zip(output_lists, input_list, strict=True):
             o = [st(t) for t in outs]
             i = st(inp, write=False)
-            parts.append(self._start(_c.all_gather, self._comm, o, i, True))
+            parts.append(self._start(_c.all_gather, self._comm, o, i, _async(opts)))
         return self._work("all_gather_coalesced", parts, [t for o in output_lists for t in o], st)
 
     def _allgather_base(
@@ -216,7 +223,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
     ) -> UnisonWork:
         st = _Stage()
         o, i = st(output), st(input, write=False)
-        part = self._start(_c.all_gather_into_tensor, self._comm, o, i, True)
+        part = self._start(_c.all_gather_into_tensor, self._comm, o, i, _async(opts))
         return self._work("all_gather_into_tensor", [part], [output], st)
 
     def allgather_into_tensor_coalesced(
@@ -226,7 +233,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         parts = []
         for out, inp in zip(outputs, inputs, strict=True):
             o, i = st(out), st(inp, write=False)
-            parts.append(self._start(_c.all_gather_into_tensor, self._comm, o, i, True))
+            parts.append(self._start(_c.all_gather_into_tensor, self._comm, o, i, _async(opts)))
         return self._work("all_gather_into_tensor_coalesced", parts, list(outputs), st)
 
     def gather(
@@ -236,7 +243,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         root = self._global(opts.rootRank, "gather")
         i = st(input_tensors[0], write=False)
         outs = [st(t) for t in output_tensors[0]] if output_tensors else None
-        part = self._start(_c.gather, self._comm, i, outs, root, True)
+        part = self._start(_c.gather, self._comm, i, outs, root, _async(opts))
         flat = list(output_tensors[0]) if output_tensors else []
         return self._work("gather", [part], flat, st)
 
@@ -247,7 +254,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         root = self._global(opts.rootRank, "scatter")
         o = st(output_tensors[0])
         ins = [st(t, write=False) for t in input_tensors[0]] if input_tensors else None
-        part = self._start(_c.scatter, self._comm, o, ins, root, True)
+        part = self._start(_c.scatter, self._comm, o, ins, root, _async(opts))
         return self._work("scatter", [part], list(output_tensors), st)
 
     def reduce_scatter(
@@ -258,7 +265,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         for out, ins in zip(output_tensors, input_tensors, strict=True):
             o = st(out)
             i = [st(t, write=False) for t in ins]
-            parts.append(self._start(_c.reduce_scatter, self._comm, o, i, op, True))
+            parts.append(self._start(_c.reduce_scatter, self._comm, o, i, op, _async(opts)))
         return self._work("reduce_scatter", parts, list(output_tensors), st)
 
     def _reduce_scatter_base(
@@ -266,7 +273,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
     ) -> UnisonWork:
         op, st = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp), _Stage()
         o, i = st(output), st(input, write=False)
-        part = self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, True)
+        part = self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts))
         return self._work("reduce_scatter_tensor", [part], [output], st)
 
     def reduce_scatter_tensor_coalesced(
@@ -276,7 +283,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         parts = []
         for out, inp in zip(outputs, inputs, strict=True):
             o, i = st(out), st(inp, write=False)
-            parts.append(self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, True))
+            parts.append(self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts)))
         return self._work("reduce_scatter_tensor_coalesced", parts, list(outputs), st)
 
     def alltoall_base(
@@ -291,7 +298,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         o, i = st(output), st(input, write=False)
         osz = list(output_split_sizes) or None
         isz = list(input_split_sizes) or None
-        part = self._start(_c.all_to_all_single, self._comm, o, i, osz, isz, True)
+        part = self._start(_c.all_to_all_single, self._comm, o, i, osz, isz, _async(opts))
         return self._work("all_to_all_single", [part], [output], st)
 
     def alltoall(
@@ -300,11 +307,11 @@ class UnisonProcessGroup(dist.ProcessGroup):
         st = _Stage()
         o = [st(t) for t in output_tensors]
         i = [st(t, write=False) for t in input_tensors]
-        part = self._start(_c.all_to_all, self._comm, o, i, True)
+        part = self._start(_c.all_to_all, self._comm, o, i, _async(opts))
         return self._work("all_to_all", [part], list(output_tensors), st)
 
     def barrier(self, opts: Any = None) -> UnisonWork:
-        part = self._start(_c.barrier, self._comm, True)
+        part = self._start(_c.barrier, self._comm, _async(opts))
         return self._work("barrier", [part], [], _Stage())
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
