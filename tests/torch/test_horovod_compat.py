@@ -242,3 +242,217 @@ def test_timeout_names_the_ranks_that_have_not_submitted() -> None:
     for r, (msg,) in enumerate(out):
         assert f"'only.on.{r}' did not complete within 3s" in msg
         assert f"ranks [{1 - r}] of the process set have not submitted it" in msg
+
+
+def _naming_warning_state() -> None:
+    """DistributedOptimizer names without named_parameters, Horovod's step() warning,
+    broadcast_optimizer_state with parameters that never had a gradient."""
+    import warnings
+
+    import torch
+
+    import unison.torch as hvd
+
+    r = hvd.rank()
+    torch.manual_seed(0)
+    a, b, c = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1), torch.nn.Linear(1, 1)
+    inner = torch.optim.SGD([{"params": a.parameters()}, {"params": b.parameters(), "lr": 0.5}])
+    inner.add_param_group({"params": c.parameters()})
+    opt = hvd.DistributedOptimizer(inner)
+    names = opt._parameter_names  # type: ignore[attr-defined]
+    assert names[a.weight] == "allreduce.noname.0.0" and names[a.bias] == "allreduce.noname.0.1"
+    assert names[b.weight] == "allreduce.noname.1.0" and names[c.bias] == "allreduce.noname.2.1"
+    assert hvd.allgather_object(sorted(names.values())) == [sorted(names.values())] * hvd.size()
+    named = hvd.DistributedOptimizer(
+        torch.optim.SGD(a.parameters(), lr=0.1), named_parameters=a.named_parameters()
+    )
+    assert named._parameter_names == {a.weight: "weight", a.bias: "bias"}  # type: ignore[attr-defined]
+    # the reduction is right with generated names: average of (r + 1)
+    opt.zero_grad()
+    (a(torch.ones(1, 2)).sum() * (r + 1)).backward()
+    b(torch.ones(1, 2)).sum().backward()
+    c(torch.ones(1, 1)).sum().backward()
+    opt.synchronize()
+    assert torch.allclose(a.bias.grad, torch.full((2,), (hvd.size() + 1) / 2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    texts = [str(w.message) for w in caught]
+    assert any(
+        t.startswith(
+            "optimizer.step() called without optimizer.skip_synchronize() context after "
+            "optimizer.synchronize(). This can cause training slowdown."
+        )
+        for t in texts
+    ), texts
+    # grad-less parameters: the optimizer holds no state for them (different ones per rank)
+    for cls in (torch.optim.Adam, torch.optim.SGD, torch.optim.RMSprop, torch.optim.Adagrad):
+        torch.manual_seed(r)
+        m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        kw = {"momentum": 0.9} if cls is torch.optim.SGD else {}
+        for p in m[2].parameters():  # frozen everywhere: never a gradient, never state
+            p.requires_grad_(False)
+        o = cls(m.parameters(), lr=0.1, **kw)
+        if cls is torch.optim.Adam:
+            o = hvd.DistributedOptimizer(o)
+            m[0](torch.ones(1, 2)).sum().backward()
+            o.step()
+        else:  # a plain optimizer: rank r has state for layer r only
+            m[r](torch.ones(1, 2)).sum().backward()
+            o.step()
+        hvd.broadcast_optimizer_state(o, root_rank=0)
+        hvd.broadcast_parameters(m.state_dict(), root_rank=0)
+        mine = o.state_dict()
+        root = hvd.broadcast_object(mine, root_rank=0, name=f"check.{cls.__name__}")
+        assert sorted(mine["state"]) == sorted(root["state"]), cls
+        for k, st in root["state"].items():
+            for key, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    assert torch.equal(v, mine["state"][k][key]), (cls, key)
+
+
+def _sparse(sparse_as_dense: bool) -> list[float]:
+    """nn.Embedding(sparse=True) with SparseAdam: the gradient stays sparse (reduced by
+    allgather, or densely with sparse_as_dense and handed back sparse, as Horovod)."""
+    import torch
+
+    import unison.torch as hvd
+
+    r = hvd.rank()
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(6, 3, sparse=True)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SparseAdam(emb.parameters(), lr=0.1),
+        named_parameters=emb.named_parameters(),
+        sparse_as_dense=sparse_as_dense,
+    )
+    for step in range(3):
+        opt.zero_grad()
+        idx = torch.tensor([(r + step) % 6, 5, r])
+        (emb(idx) * (r + 1)).sum().backward()
+        opt.step()
+        assert emb.weight.grad.is_sparse
+    return emb.weight.detach().flatten().tolist()
+
+
+def _sparse_oracle(n: int) -> list[float]:
+    import torch
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(6, 3, sparse=True)
+    opt = torch.optim.SparseAdam(emb.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        loss = sum((emb(torch.tensor([(r + step) % 6, 5, r])) * (r + 1)).sum() for r in range(n))
+        (loss / n).backward()
+        opt.step()
+    return emb.weight.detach().flatten().tolist()
+
+
+def _sync_bn_and_partial() -> dict[str, list[float]]:
+    """SyncBatchNorm against one process's BatchNorm on the concatenated batch;
+    PartialDistributedOptimizer keeps local layers' gradients local (scaled by 1/size)."""
+    import torch
+
+    import unison.torch as hvd
+
+    r, n = hvd.rank(), hvd.size()
+    g = torch.Generator().manual_seed(5)
+    x_all = torch.randn(4 * n, 3, 5, generator=g, dtype=torch.float64)
+    coef = torch.randn(4 * n, 3, 5, generator=g, dtype=torch.float64)
+    bn = hvd.SyncBatchNorm(3, momentum=0.3).double()
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+        bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    x = x_all[4 * r : 4 * r + 4].clone().requires_grad_(True)
+    out = bn(x)
+    (out * coef[4 * r : 4 * r + 4]).sum().backward()
+    wgrad = hvd.allreduce(bn.weight.grad, op=hvd.Sum, name="bn.wgrad")
+    with pytest.raises(ValueError, match="expected at least 2D input"):
+        bn(torch.ones(3, dtype=torch.float64))
+    bn.eval()
+    ev = bn(x.detach())
+    res = {
+        "out": hvd.allgather(out.detach()).flatten().tolist(),
+        "xgrad": hvd.allgather(x.grad).flatten().tolist(),
+        "wgrad": wgrad.tolist(),
+        "running": bn.running_mean.tolist() + bn.running_var.tolist(),
+        "eval": hvd.allgather(ev).flatten().tolist(),
+    }
+    # PartialDistributedOptimizer: layer 0 is local, layer 1 shared
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    opt = hvd.PartialDistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1.0), local_layers=[model[0]]
+    )
+    (model(torch.ones(1, 2) * (r + 1)).sum() * (r + 1)).backward()
+    local_before = model[0].weight.grad.clone()
+    opt.synchronize()
+    assert torch.allclose(model[0].weight.grad, local_before / n)  # local, scaled 1/size
+    shared = hvd.allgather(model[1].weight.grad.detach().clone())
+    assert torch.allclose(shared[0], shared[-1])  # reduced: equal on every rank
+    res["partial_shared"] = model[1].weight.grad.flatten().tolist()
+    res["partial_local"] = local_before.flatten().tolist()
+    return res
+
+
+def _bn_oracle(n: int) -> dict[str, list[float]]:
+    import torch
+
+    g = torch.Generator().manual_seed(5)
+    x_all = torch.randn(4 * n, 3, 5, generator=g, dtype=torch.float64)
+    coef = torch.randn(4 * n, 3, 5, generator=g, dtype=torch.float64)
+    bn = torch.nn.BatchNorm1d(3, momentum=0.3).double()
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+        bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    x = x_all.clone().requires_grad_(True)
+    out = bn(x)
+    (out * coef).sum().backward()
+    bn.eval()
+    return {
+        "out": out.detach().flatten().tolist(),
+        "xgrad": x.grad.flatten().tolist(),
+        "wgrad": bn.weight.grad.tolist(),
+        "running": bn.running_mean.tolist() + bn.running_var.tolist(),
+        "eval": bn(x_all).detach().flatten().tolist(),
+    }
+
+
+def _training_extras() -> dict[str, object]:
+    import unison.torch as hvd
+
+    _naming_warning_state()
+    out: dict[str, object] = {"sparse": _sparse(False), "dense": _sparse(True)}
+    out.update(_sync_bn_and_partial())
+    # ElasticSampler: Horovod's attributes and checkpoint format
+    s = hvd.elastic.ElasticSampler(list(range(11)), shuffle=True, seed=3)
+    first = list(s)
+    assert s.processed_num == 0 and len(s) == len(first) == 6
+    assert s.get_indices(1, 2) == first[2:4]
+    s.record_batch(0, 2)
+    sd = s.state_dict()
+    assert sd == {"epoch": 0, "processed_num": 2 * hvd.size()}
+    t = hvd.elastic.ElasticSampler(list(range(11)), shuffle=True, seed=3)
+    t.load_state_dict(sd)
+    assert t.processed_num == 2 * hvd.size() and t.remaining_indices == s.remaining_indices[4:]
+    s.record_indices([t.remaining_indices[0]])
+    s.reset()
+    assert t.remaining_indices[0] not in s.remaining_indices
+    s.set_epoch(1)
+    assert s.processed_num == 0 and s.epoch == 1 and len(list(s)) == 6
+    return out
+
+
+def test_optimizer_sync_batch_norm_sampler_as_horovod() -> None:
+
+    res = hvd_spawn(_training_extras, 2, timeout=110)
+    np.testing.assert_allclose(res[0]["sparse"], _sparse_oracle(2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res[1]["dense"], _sparse_oracle(2), rtol=1e-5, atol=1e-6)
+    want = _bn_oracle(2)
+    for key in ("out", "xgrad", "wgrad", "running", "eval"):
+        for r in range(2):
+            np.testing.assert_allclose(res[r][key], want[key], rtol=1e-9, atol=1e-9, err_msg=key)
+    # shared layer: the average of both ranks' gradients; local layer: own gradient only
+    assert res[0]["partial_shared"] == res[1]["partial_shared"]
+    assert res[0]["partial_local"] != res[1]["partial_local"]
