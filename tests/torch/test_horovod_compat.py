@@ -49,6 +49,12 @@ def _alltoall_matrix() -> None:
             np.testing.assert_array_equal(
                 got.numpy(), np.concatenate([_rows(k, r, 2, dt, rest) for k in range(n)])
             )
+    # one name again and again (the response cache) while only rank 0's splits change
+    for it in range(3):
+        sends = [it + 1 if r == 0 else 1] * n
+        o, rs = hvd.alltoall(torch.full((sum(sends),), r), splits=sends, name="a2a.again")
+        assert rs.tolist() == [it + 1] + [1] * (n - 1)
+        assert o.tolist() == [0] * (it + 1) + [k for k in range(1, n)]
     # int64 splits tensor: received splits come back in the splits' dtype (Horovod)
     t = torch.arange(2 * n, dtype=torch.float32)
     h = hvd.alltoall_async(t, splits=torch.full((n,), 2, dtype=torch.int64))
