@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..algorithms import OpCode, OpContext, describe
+from ..algorithms import OpCode, OpContext, Topology, describe
 from ..buffers import Buffer, as_buffer
 from ..errors import (
     AbortedError,
@@ -25,6 +25,7 @@ from ..errors import (
     InvalidArgumentError,
     MismatchError,
 )
+from ..link import Link
 from ..log import get_logger
 from ..transport.framing import Control, Kind, OpSig
 from ..transport.matching import ANY_SOURCE
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["Communicator"]
 
 log = get_logger("comm")
+_NO_TOPOLOGY = Topology(Link())
 _MAX_TAG = (1 << 32) - 1
 
 
@@ -58,6 +60,8 @@ class Communicator:
         self.rank: int | None = self.ranks.index(rt.rank) if rt.rank in self.ranks else None
         #: the engine that runs this group's operations (chosen once, at init)
         self.backend: Backend = rt.backend
+        #: the native engine's view of the group (link, shared slots, host layout)
+        self.topo: Topology = _NO_TOPOLOGY
         self.engine = Engine(f"group-{gid}")
         self._lock = threading.Lock()
         self._seq = 0
@@ -141,6 +145,7 @@ class Communicator:
             deadline=time.monotonic() + cfg.timeout,
             timeout=cfg.timeout,
             segment_bytes=cfg.segment_bytes,
+            topo=self.topo,
         )
         ctx.diagnose = self._diagnose_timeout
         with self._lock:
