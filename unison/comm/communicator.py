@@ -1,4 +1,4 @@
-"""A communicator: one group of ranks, its ordered engine, failure routing and p2p.
+"""A communicator: one group of ranks, its ordered queue, failure routing and p2p.
 
 The collectives themselves (validation and algorithm calls) are in
 :mod:`unison.comm.collectives`; this module runs them: it numbers each call,
@@ -30,7 +30,7 @@ from ..log import get_logger
 from ..transport.framing import Control, Kind, OpSig
 from ..transport.matching import ANY_SOURCE
 from .desync import ROOTED, Confirmation, foreign_frame_error
-from .engine import Engine
+from .ordered import OrderedQueue
 from .work import RequestWork, Work
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class Communicator:
         self.backend: Backend = rt.backend
         #: the native engine's view of the group (link, shared slots, host layout)
         self.topo: Topology = _NO_TOPOLOGY
-        self.engine = Engine(f"group-{gid}")
+        self.queue = OrderedQueue(f"group-{gid}")
         self._lock = threading.Lock()
         self._seq = 0
         self._done = 0
@@ -115,7 +115,7 @@ class Communicator:
             seq = self._seq
 
         def launch(inline: bool) -> None:
-            self.engine.run(task, inline=inline)
+            self.queue.run(task, inline=inline)
 
         work = Work(f"{op.label} #{seq} (group {self.id})", launch)
 
@@ -416,4 +416,4 @@ class Communicator:
         return translate
 
     def close(self) -> None:
-        self.engine.close()
+        self.queue.close()
