@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,torch,examples]'
+	$(BIN)/pip install -q -e '.[dev,torch,examples,tensorflow,jax]'
 	touch $(STAMP)
 
 # The main job: data-parallel training of a CNN on scikit-learn's digits, 2 ranks,

@@ -1,0 +1,89 @@
+"""unison.keras: Horovod's Keras API for Keras 3 on every backend.
+
+``import unison.keras as hvd`` under ``KERAS_BACKEND=tensorflow``, ``torch`` or
+``jax``: ``DistributedOptimizer`` averages gradients over ranks before Keras
+applies them, the callbacks broadcast the initial variables, average metrics
+and schedule the learning rate, and everything runs on the engine of
+:mod:`unison.torch` (negotiation, fusion, cache, timeline, mismatch errors).
+"""
+
+from __future__ import annotations
+
+from ..torch.basics import (
+    ProcessSet,
+    add_process_set,
+    cross_rank,
+    cross_size,
+    global_process_set,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    remove_process_set,
+    shutdown,
+    size,
+)
+from ..torch.functions import allgather_object, broadcast_object
+from ..torch.negotiation import Op
+from . import callbacks, elastic
+from ._engine import allreduce_numpy, broadcast_numpy
+from .callbacks import broadcast_global_variables
+from .optimizer import DistributedOptimizer, load_model
+
+Average = Op.AVERAGE
+Sum = Op.SUM
+Adasum = Op.ADASUM
+Min = Op.MIN
+Max = Op.MAX
+Product = Op.PRODUCT
+
+
+class _NoneCompressor:
+    """No compression."""
+
+
+class FP16Compressor:
+    """Floating-point gradients travel as float16."""
+
+
+class Compression:
+    """Horovod's compressor names; ``fp16`` halves the bytes of floating gradients."""
+
+    none = _NoneCompressor
+    fp16 = FP16Compressor
+
+
+_NoneCompressor.__name__ = "NoneCompressor"
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "Compression",
+    "DistributedOptimizer",
+    "Max",
+    "Min",
+    "ProcessSet",
+    "Product",
+    "Sum",
+    "add_process_set",
+    "allgather_object",
+    "allreduce_numpy",
+    "broadcast_global_variables",
+    "broadcast_numpy",
+    "broadcast_object",
+    "callbacks",
+    "cross_rank",
+    "cross_size",
+    "elastic",
+    "global_process_set",
+    "init",
+    "is_initialized",
+    "load_model",
+    "local_rank",
+    "local_size",
+    "rank",
+    "remove_process_set",
+    "shutdown",
+    "size",
+]
