@@ -89,7 +89,10 @@ def allreduce(
             raise NotImplementedError(
                 "Only Sum and Average ops are supported with tf.IndexedSlices"
             )
-        values, indices = raw.allgather([tensor.values, tensor.indices], name, process_set, True)
+        values = raw.allgather([tensor.values], name, process_set, False)[0]
+        indices = raw.allgather(
+            [tensor.indices], None if name is None else f"{name}.indices", process_set, False
+        )[0]
         if rop == Average:
             values = values / tf.cast(process_set.size(), values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)

@@ -1,0 +1,124 @@
+"""Keras 3 checks run on every rank of one job per backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _model(keras: Any, seed: int) -> Any:
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
+                          keras.layers.Dense(1)])  # fmt: skip
+    return m
+
+
+def _data(n: int, per: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(n * per, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-1.0], [0.5], [2.0]]) + 0.3).astype("float32")
+    return x, y
+
+
+def keras_checks() -> dict[str, Any]:
+    import keras
+
+    import unison.keras as hvd
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    out: dict[str, Any] = {"backend": keras.backend.backend()}
+    b, steps = 4, 3
+    x, y = _data(n, b * steps)
+
+    # 1. one epoch of DistributedOptimizer == one process on the concatenated batches
+    dist = _model(keras, 0)
+    dist.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    xs = np.concatenate([x[(s * n + r) * b : (s * n + r + 1) * b] for s in range(steps)])
+    ys = np.concatenate([y[(s * n + r) * b : (s * n + r + 1) * b] for s in range(steps)])
+    dist.fit(xs, ys, batch_size=b, epochs=1, shuffle=False, verbose=0,
+             callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])  # fmt: skip
+    one = _model(keras, 0)
+    one.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    one.fit(x, y, batch_size=b * n, epochs=1, shuffle=False, verbose=0)
+    for a, c in zip(dist.get_weights(), one.get_weights(), strict=True):
+        assert np.allclose(a, c, atol=1e-5), ("distributed != concatenated batch", a, c)
+
+    # 2. backward_passes_per_step=2 with averaging == one step on both batches
+    acc = _model(keras, 0)
+    acc_opt = hvd.DistributedOptimizer(
+        keras.optimizers.SGD(0.1), backward_passes_per_step=2, average_aggregated_gradients=True
+    )
+    acc.compile(optimizer=acc_opt, loss="mse")
+    acc.fit(xs[: 2 * b], ys[: 2 * b], batch_size=b, epochs=1, shuffle=False, verbose=0)
+    one2 = _model(keras, 0)
+    one2.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    both = np.concatenate([x[: n * b], x[n * b : 2 * n * b]])
+    both_y = np.concatenate([y[: n * b], y[n * b : 2 * n * b]])
+    one2.fit(both, both_y, batch_size=2 * n * b, epochs=1, shuffle=False, verbose=0)
+    for a, c in zip(acc.get_weights(), one2.get_weights(), strict=True):
+        assert np.allclose(a, c, atol=1e-5), ("backward_passes_per_step", a, c)
+
+    # 3. warm-up learning rate per batch, metric averaging, identical weights
+    lrs: list[float] = []
+    raw: list[float] = []
+    averaged: list[float] = []
+
+    class Probe(keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self, sink: list[float], key: str | None) -> None:
+            super().__init__()
+            self.sink, self.key = sink, key
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            if self.key is None:
+                self.sink.append(
+                    float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+                )
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if self.key is not None:
+                self.sink.append(float(logs[self.key]))
+
+    m = _model(keras, 10 + r)  # different initial weights: the broadcast makes them equal
+    m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    warm = 2
+    m.fit(
+        x[r::n], y[r::n] + r, batch_size=b, epochs=3, shuffle=False, verbose=0,
+        callbacks=[
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            Probe(raw, "loss"),
+            hvd.callbacks.MetricAverageCallback(),
+            Probe(averaged, "loss"),
+            hvd.callbacks.LearningRateWarmupCallback(
+                0.05, warmup_epochs=warm, steps_per_epoch=steps
+            ),
+            Probe(lrs, None),
+        ],
+    )  # fmt: skip
+    want = []
+    for e in range(3):
+        for bt in range(steps):
+            if e < warm:
+                ep = e + bt / steps + 1 / steps
+                want.append(0.05 / n * (ep * (n - 1) / warm + 1))
+            else:
+                want.append(want[-1])
+    assert np.allclose(lrs, want, rtol=1e-5), ("warm-up schedule", lrs, want)
+    every_raw = hvd.allgather_object(raw)
+    assert np.allclose(averaged, np.mean(every_raw, axis=0), rtol=1e-5), (averaged, every_raw)
+    weights = hvd.allgather_object([w.tolist() for w in m.get_weights()])
+    for other in weights[1:]:
+        for a, c in zip(weights[0], other, strict=True):
+            assert np.array_equal(np.array(a), np.array(c)), "weights differ between ranks"
+    out["lrs"] = lrs
+    return out
+
+
+def keras_job() -> dict[str, Any]:
+    import unison.keras as hvd
+
+    try:
+        return keras_checks()
+    finally:
+        hvd.shutdown()
