@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo primitives test lint typecheck unit soak fuzz clean
+.PHONY: demo demo-keras primitives test lint typecheck unit soak fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 # through unison.torch (a Horovod script with `import unison.torch as hvd`).
 demo: $(STAMP)
 	$(BIN)/unison run -np 2 $(BIN)/python examples/pytorch_digits.py
+
+# The same job in Keras 3 through unison.keras (KERAS_BACKEND=tensorflow|torch|jax).
+KERAS_BACKEND ?= tensorflow
+demo-keras: $(STAMP)
+	KERAS_BACKEND=$(KERAS_BACKEND) $(BIN)/unison run -np 2 $(BIN)/python examples/keras_digits.py
 
 # Every primitive of the core API once, on 4 ranks.
 primitives: $(STAMP)
