@@ -23,6 +23,6 @@ def test_keras_backend(backend: str) -> None:
         pytest.skip(f"needs keras and {backend}")
     env = {"UNISON_TIMEOUT": "60", "KERAS_BACKEND": backend, "JAX_PLATFORMS": "cpu",
            "TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    outs = spawn(_job, 2, env=env, timeout=360)
+    outs = spawn(_job, 2, env=env, timeout=360, start_method="spawn")
     assert [o["backend"] for o in outs] == [backend, backend]
     assert outs[0]["lrs"] == outs[1]["lrs"]
