@@ -112,7 +112,35 @@ def keras_checks() -> dict[str, Any]:
         for a, c in zip(weights[0], other, strict=True):
             assert np.array_equal(np.array(a), np.array(c)), "weights differ between ranks"
     out["lrs"] = lrs
+    check_elastic(keras, hvd, m)
     return out
+
+
+def check_elastic(keras: Any, hvd: Any, model: Any) -> None:
+    """KerasState commit/restore/sync and elastic.run with a fixed set of workers."""
+    from unison.torch import HorovodInternalError
+
+    state = hvd.elastic.KerasState(model, epoch=0, batch=0)
+    committed = [w.copy() for w in model.get_weights()]
+    calls = []
+
+    @hvd.elastic.run
+    def train(st: Any) -> int:
+        calls.append(st.epoch)
+        model.set_weights([w + 1.0 for w in model.get_weights()])
+        st.epoch += 1
+        if len(calls) == 1:
+            raise HorovodInternalError("simulated failure")
+        st.commit()
+        return int(st.epoch)
+
+    assert train(state) == 1, calls
+    assert calls == [0, 0], calls  # the failed attempt was rolled back to epoch 0
+    for a, c in zip(model.get_weights(), committed, strict=True):
+        assert np.allclose(a, c + 1.0), "restore did not bring back the committed weights"
+    cb = hvd.elastic.UpdateEpochStateCallback(state)
+    cb.on_epoch_end(4)
+    assert state.epoch == 5
 
 
 def keras_job() -> dict[str, Any]:

@@ -25,8 +25,7 @@ def broadcast_variables(
     vs = [v for v in variables if v is not None]
     if not vs:
         return None if tf.executing_eagerly() else tf.no_op()
-    values = raw.broadcast([v.value() if hasattr(v, "value") else v for v in vs], int(root_rank),
-                           None, process_set)  # fmt: skip
+    values = raw.broadcast([tf.convert_to_tensor(v) for v in vs], int(root_rank), None, process_set)
     assigns = [v.assign(x) for v, x in zip(vs, values, strict=True)]
     if tf.executing_eagerly():
         return None
