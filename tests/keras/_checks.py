@@ -113,7 +113,26 @@ def keras_checks() -> dict[str, Any]:
             assert np.array_equal(np.array(a), np.array(c)), "weights differ between ranks"
     out["lrs"] = lrs
     check_elastic(keras, hvd, m)
+    check_load_model(keras, hvd, m, x, y, b)
     return out
+
+
+def check_load_model(keras: Any, hvd: Any, model: Any, x: Any, y: Any, b: int) -> None:
+    """load_model brings the optimizer back distributed, with its state."""
+    import os
+    import tempfile
+
+    from unison.keras.optimizer import _Distributed
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.keras")
+        model.save(path)
+        loaded = hvd.load_model(path)
+    assert isinstance(loaded.optimizer, _Distributed), type(loaded.optimizer)
+    assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations)
+    loaded.fit(x[:b], y[:b], batch_size=b, epochs=1, verbose=0, shuffle=False)
+    weights = hvd.allgather_object([w.tolist() for w in loaded.get_weights()])
+    assert weights[0] == weights[-1], "loaded model diverged between ranks"
 
 
 def check_elastic(keras: Any, hvd: Any, model: Any) -> None:
