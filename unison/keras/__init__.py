@@ -9,6 +9,12 @@ and schedule the learning rate, and everything runs on the engine of
 
 from __future__ import annotations
 
+from typing import Any
+
+import keras
+import numpy as np
+import torch
+
 from ..torch.basics import (
     ProcessSet,
     add_process_set,
@@ -56,6 +62,48 @@ class Compression:
 
 _NoneCompressor.__name__ = "NoneCompressor"
 
+
+def allreduce(
+    value: Any,
+    name: str | None = None,
+    average: bool | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    op: Any = None,
+    compression: Any = Compression.none,
+    process_set: ProcessSet = global_process_set,
+) -> np.ndarray:
+    """Horovod's ``hvd.allreduce(value)`` of the Keras API: a numpy array."""
+    from ..torch.ops import handle_average_backwards_compatibility
+
+    rop = handle_average_backwards_compatibility(op, average)
+    a = keras.ops.convert_to_numpy(value)
+    return allreduce_numpy(
+        [a], rop, prescale_factor, postscale_factor, process_set, compression is FP16Compressor
+    )[0]
+
+
+def allgather(
+    value: Any, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> np.ndarray:
+    """Every rank's ``value`` concatenated along the first dimension (a numpy array)."""
+    from ..torch.ops import allgather_async, synchronize
+
+    a = np.asarray(keras.ops.convert_to_numpy(value))
+    t = synchronize(allgather_async(torch.from_numpy(a.copy()), process_set=process_set))
+    return np.asarray(t.numpy())
+
+
+def broadcast(
+    value: Any,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> np.ndarray:
+    """``root_rank``'s ``value`` on every rank (a numpy array)."""
+    return broadcast_numpy([keras.ops.convert_to_numpy(value)], root_rank, process_set)[0]
+
+
 __all__ = [
     "Adasum",
     "Average",
@@ -67,8 +115,11 @@ __all__ = [
     "Product",
     "Sum",
     "add_process_set",
+    "allgather",
     "allgather_object",
+    "allreduce",
     "allreduce_numpy",
+    "broadcast",
     "broadcast_global_variables",
     "broadcast_numpy",
     "broadcast_object",

@@ -64,8 +64,24 @@ from .mpi_ops import (
     reducescatter,
 )
 from .optimizer import DistributedOptimizer
+from .size_ops import (
+    cross_rank_op,
+    cross_size_op,
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
+    size_op,
+)
 
 __all__ = [
+    "size_op",
+    "rank_op",
+    "process_set_included_op",
+    "local_size_op",
+    "local_rank_op",
+    "cross_size_op",
+    "cross_rank_op",
     "Adasum",
     "Average",
     "Compression",

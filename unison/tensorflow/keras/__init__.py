@@ -5,6 +5,5 @@ from __future__ import annotations
 
 from ...keras import *  # noqa: F403
 from ...keras import __all__ as _keras_all
-from ...tensorflow import allgather, allreduce, broadcast
 
-__all__ = [*_keras_all, "allgather", "allreduce", "broadcast"]
+__all__ = list(_keras_all)
