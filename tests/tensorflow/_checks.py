@@ -262,6 +262,31 @@ def check_process_sets(hvd: Any) -> None:
     hvd.remove_process_set(even)
 
 
+def check_queries_and_elastic(hvd: Any) -> None:
+    """Topology ops, and TensorFlowState commit/restore through elastic.run."""
+    import tensorflow as tf
+
+    r, n = hvd.rank(), hvd.size()
+    assert int(hvd.size_op()) == n and int(hvd.rank_op()) == r
+    assert int(hvd.local_size_op()) == hvd.local_size() and int(hvd.cross_size_op()) >= 1
+    assert int(hvd.process_set_included_op()) == 1
+    v = tf.Variable([float(r)])
+    state = hvd.elastic.TensorFlowState([v], epoch=0)
+    attempts = []
+
+    @hvd.elastic.run
+    def train(st: Any) -> float:
+        attempts.append(float(v.numpy()[0]))
+        v.assign_add([1.0])
+        if len(attempts) == 1:
+            raise hvd.HorovodInternalError("simulated failure")
+        st.commit()
+        return float(v.numpy()[0])
+
+    # sync gives every rank rank 0's value; the failed attempt is rolled back
+    assert train(state) == 1.0 and attempts == [0.0, 0.0], attempts
+
+
 def tf_job() -> dict[str, Any]:
     import tensorflow as tf
 
@@ -276,6 +301,7 @@ def tf_job() -> dict[str, Any]:
         check_errors(hvd)
         check_sparse_tape_and_helpers(hvd)
         check_process_sets(hvd)
+        check_queries_and_elastic(hvd)
         from tests.keras._checks import keras_checks
 
         done["keras"] = keras_checks()
