@@ -134,7 +134,7 @@ def allreduce_grads(
         import jax
 
         vals = [grads[i] for i in idx]
-        shapes = tuple(jax.ShapeDtypeStruct(v.shape, v.dtype) for v in vals)  # type: ignore[no-untyped-call]
+        shapes = tuple(jax.ShapeDtypeStruct(v.shape, v.dtype) for v in vals)  # type: ignore[no-untyped-call,unused-ignore]
         fp16 = is_fp16(compression)
 
         def host(*arrays: Any) -> tuple[np.ndarray, ...]:
