@@ -7,10 +7,13 @@ Trains a linear model on a fixed synthetic regression set with unison.torch's
   when the committed step reaches ``step`` (a lost host when they are its workers).
 - ``ELASTIC_TEST_GROW="file@step"``: rank 0 appends ``ELASTIC_TEST_GROW_LINE`` to the
   discovery file at ``step`` (a host appears).
-- ``ELASTIC_TEST_UNTIL_SIZE=n``: keep training (up to 120 s) until the world has n ranks.
+- ``ELASTIC_TEST_UNTIL_SIZE=n`` / ``ELASTIC_TEST_UNTIL_ROUND=n``: keep training (up to
+  120 s) until the world has n ranks / is round n.
 - ``ELASTIC_TEST_EPOCHS`` (default 2).
 
-At the end each rank prints ``RESULT rank size round checksum steps`` and rank 0 prints
+Rank 0 prints ``READY`` at step 3 of the first world; a survivor prints
+``RECOVERED_AT <wall time>`` at its first completed step after a failure. At the end each
+rank prints ``RESULT rank size round checksum steps`` and rank 0 prints
 ``RECOVERY seconds`` for each failure: from the first failure it saw to the first
 completed step after it.
 """
@@ -52,6 +55,7 @@ def full_loss() -> float:
 loss0 = full_loss()
 EPOCHS = int(os.environ.get("ELASTIC_TEST_EPOCHS", "2"))
 UNTIL = int(os.environ.get("ELASTIC_TEST_UNTIL_SIZE", "0"))
+UNTIL_ROUND = int(os.environ.get("ELASTIC_TEST_UNTIL_ROUND", "0"))
 die = os.environ.get("ELASTIC_TEST_DIE", "")
 die_ids, _, die_step = die.partition("@")
 grow = os.environ.get("ELASTIC_TEST_GROW", "")
@@ -68,9 +72,13 @@ def on_reset() -> None:
 state.register_reset_callbacks([on_reset])
 
 
+def more() -> bool:
+    return (UNTIL and hvd.size() < UNTIL) or elastic.current_round() < UNTIL_ROUND
+
+
 @hvd.elastic.run
 def train(state: hvd.elastic.TorchState) -> None:
-    while state.epoch < EPOCHS or (UNTIL and hvd.size() < UNTIL and time.monotonic() - start < 120):
+    while state.epoch < EPOCHS or (more() and time.monotonic() - start < 120):
         idx = list(iter(sampler))
         for b in range(0, len(idx) // BATCH * BATCH, BATCH):
             batch = idx[b : b + BATCH]
@@ -86,6 +94,9 @@ def train(state: hvd.elastic.TorchState) -> None:
             if erun.last_failure_at is not None:
                 recoveries.append(time.monotonic() - erun.last_failure_at)
                 erun.last_failure_at = None
+                print(f"RECOVERED_AT {time.time():.3f}", flush=True)
+            if state.step == 3 and hvd.rank() == 0 and elastic.current_round() == 0:
+                print("READY", flush=True)
             if die_step and state.step == int(die_step) and me in die_ids.split(","):
                 os.kill(os.getpid(), signal.SIGKILL)
             if grow_step and state.step == int(grow_step) and hvd.rank() == 0:

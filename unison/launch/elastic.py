@@ -83,6 +83,7 @@ class ElasticDriver:
         timeout: float | None = None,
         start_timeout: float | None = None,
         verbose: bool = False,
+        network_interface: str | None = None,
     ) -> None:
         self.command = list(command)
         self.discovery = discovery
@@ -96,6 +97,7 @@ class ElasticDriver:
         self.server = server
         self.rsh, self.export = rsh, list(export)
         self.timeout, self.start_timeout, self.verbose = timeout, start_timeout, verbose
+        self.network_interface = network_interface
         self.stderr = stderr or sys.stderr.buffer
         self.sel = selectors.DefaultSelector()
         self.output = OutputForwarder(
@@ -276,6 +278,7 @@ class ElasticDriver:
             job_id=self.job_id,
             timeout=self.timeout,
             slot=slot,
+            network_interface=self.network_interface,
         )
         env["UNISON_ELASTIC_ID"] = m.id
         env["UNISON_ELASTIC_TIMEOUT"] = repr(float(self.elastic_timeout))

@@ -67,6 +67,7 @@ def run_elastic(
             server=server,
             secret=secret,
             job_id=job_id,
+            network_interface=network_interface,
             **kwargs,  # type: ignore[arg-type]
         )
         return driver.run()
