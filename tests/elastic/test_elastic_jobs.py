@@ -143,3 +143,14 @@ def test_bad_elastic_arguments_are_refused(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Failed to execute discovery script: exit 4" in r.stderr
     r = _unison(tmp_path, "-H", "a:1", "--host-discovery-script", "true", "--min-np", "1", "true")
     assert r.returncode == 2 and "either -H/--hostfile or --host-discovery-script" in r.stderr
+    r = _unison(tmp_path, "-np", "2", "--min-np", "1", "--servers", "1", "true")
+    assert r.returncode == 2 and "--servers (parameter server) does not combine" in r.stderr
+
+
+def test_job_timeout_and_clean_exit_without_unison(tmp_path: Path) -> None:
+    # a command that never joins the job: the elastic launcher still supervises it
+    r = _unison(tmp_path, "-np", "1", "--min-np", "1", "--job-timeout", "1", "sleep", "30")
+    assert r.returncode == 124 and "job timed out after 1 s" in r.stderr, r.stderr
+    r = _unison(tmp_path, "-np", "2", "--min-np", "1", sys.executable, "-c", "print('hi')")
+    assert r.returncode == 0 and r.stdout.count("hi") == 2, (r.stdout, r.stderr)
+    assert "world 0: 2 ranks (localhost:2)" in r.stderr
