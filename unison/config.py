@@ -280,6 +280,14 @@ KNOBS: tuple[Knob, ...] = (
         "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)",
     ),
     Knob(
+        "UNISON_PS_ELASTIC",
+        "ps_elastic",
+        False,
+        _bool,
+        "unison.ps: a lost worker leaves the job (its clock stops holding back SSP/BSP) "
+        "instead of failing every other worker",
+    ),
+    Knob(
         "UNISON_ELASTIC_TIMEOUT",
         "elastic_timeout",
         600.0,
@@ -316,6 +324,7 @@ class Config:
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
     elastic_timeout: float = 600.0
+    ps_elastic: bool = False
     #: the elastic rendezvous round this process joins (set by init() in an elastic job)
     elastic_round: int = -1
 

@@ -97,7 +97,14 @@ class Server:
         self.comm = comm
         self.rank = comm.rt.rank
         self.timeout = timeout
-        self.state = ServerState(index, self.rank, workers, policy, park_timeout=0.8 * timeout)
+        self.state = ServerState(
+            index,
+            self.rank,
+            workers,
+            policy,
+            park_timeout=0.8 * timeout,
+            elastic=comm.rt.config.ps_elastic,
+        )
         self.inbox: queue.Queue[Request | _Lost] = queue.Queue()
         self.sends: deque[Work] = deque()
 
