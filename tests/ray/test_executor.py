@@ -1,0 +1,218 @@
+"""RayExecutor on a local Ray instance: placement, environment, results in rank order,
+collectives against a numpy oracle, failures named by rank, Horovod's argument checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison[ray]')")
+
+import ray
+
+from unison.errors import LaunchError, UnisonError, UnsupportedError
+from unison.ray import RayExecutor, RayStartTimeoutError, RayWorkerLostError
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+SIZE = 3
+
+
+class Holder:
+    """An executable_cls: built once per actor with the start() arguments."""
+
+    def __init__(self, base: int, *, scale: int = 1) -> None:
+        self.value = base * scale
+
+
+def identity(_exe: Any) -> dict[str, str]:
+    keys = [
+        "UNISON_RANK",
+        "UNISON_SIZE",
+        "UNISON_LOCAL_RANK",
+        "UNISON_LOCAL_SIZE",
+        "UNISON_CROSS_RANK",
+        "UNISON_CROSS_SIZE",
+        "HOROVOD_RANK",
+        "HOROVOD_LOCAL_SIZE",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_PORT",
+        "UNISON_JOB_ID",
+        "EXTRA",
+    ]
+    return {k: os.environ.get(k, "") for k in keys}
+
+
+def all_reduce_case(seed: int) -> list[np.ndarray]:
+    """Several dtypes, shapes and ops; the inputs are rebuilt by the oracle from the seed."""
+    import unison
+
+    unison.init()
+    rank = unison.rank()
+    out = []
+    for dtype, shape, op in _CASES:
+        x = _input(seed, rank, dtype, shape)
+        unison.all_reduce(x, op=getattr(unison.ReduceOp, op))
+        out.append(x)
+    unison.shutdown()  # the next run() joins again (a new epoch on the same store)
+    return out
+
+
+_CASES = [
+    ("float64", (5,), "SUM"),
+    ("float32", (3, 4), "SUM"),
+    ("int64", (7,), "MAX"),
+    ("int32", (2, 2, 2), "MIN"),
+    ("float64", (100_003,), "SUM"),  # several pipeline segments
+]
+
+
+def _input(seed: int, rank: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    rng = np.random.default_rng([seed, rank])
+    return (rng.integers(-50, 50, size=shape)).astype(dtype)
+
+
+def fail_on_rank_one() -> int:
+    import unison
+
+    unison.init()
+    x = np.ones(4)
+    unison.all_reduce(x)
+    if unison.rank() == 1:
+        raise ValueError("bad batch on this rank")
+    unison.all_reduce(x)  # rank 0 blocks here until rank 1 leaves the job
+    return unison.rank()
+
+
+def killed_mid_job() -> None:
+    import unison
+
+    unison.init()
+    x = np.ones(8)
+    unison.all_reduce(x)
+    if unison.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    for _ in range(1000):
+        unison.all_reduce(x)
+
+
+def test_run_execute_collectives_and_failures() -> None:
+    ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=SIZE)
+    ex.start(
+        executable_cls=Holder,
+        executable_args=[7],
+        executable_kwargs={"scale": 2},
+        extra_env_vars={"EXTRA": "yes"},
+    )
+    try:
+        # environment: unison's, Horovod's and torchrun's, one job, ranks packed per node
+        envs = ex.execute(identity)
+        assert [e["UNISON_RANK"] for e in envs] == ["0", "1", "2"]
+        assert [e["HOROVOD_RANK"] for e in envs] == ["0", "1", "2"]
+        assert [e["RANK"] for e in envs] == ["0", "1", "2"]
+        assert {e["UNISON_SIZE"] for e in envs} == {"3"} == {e["WORLD_SIZE"] for e in envs}
+        assert [e["UNISON_LOCAL_RANK"] for e in envs] == ["0", "1", "2"]  # one node
+        assert (
+            {e["UNISON_LOCAL_SIZE"] for e in envs}
+            == {"3"}
+            == {e["HOROVOD_LOCAL_SIZE"] for e in envs}
+        )
+        assert {(e["UNISON_CROSS_RANK"], e["UNISON_CROSS_SIZE"]) for e in envs} == {("0", "1")}
+        assert len({e["UNISON_JOB_ID"] for e in envs}) == 1 and envs[0]["UNISON_JOB_ID"]
+        assert len({e["MASTER_PORT"] for e in envs}) == 1
+        assert {e["EXTRA"] for e in envs} == {"yes"}
+        assert len(ex.workers) == SIZE
+
+        # execute gets the executable; run gets args/kwargs; results in rank order
+        assert ex.execute(lambda h: h.value) == [14] * SIZE
+        assert ex.execute_single(lambda h: (h.value, os.environ["UNISON_RANK"])) == (14, "0")
+        assert ex.run(
+            lambda a, b=0: (int(os.environ["UNISON_RANK"]), a + b), args=[1], kwargs={"b": 2}
+        ) == [(r, 3) for r in range(SIZE)]
+        refs = ex.run_remote(lambda: os.environ["UNISON_RANK"])
+        assert ray.get(refs, timeout=60) == ["0", "1", "2"]
+
+        # all_reduce across the actors against numpy, twice (re-init on the same store)
+        for seed in (1, 2):
+            results = ex.run(all_reduce_case, args=[seed])
+            for i, (dtype, shape, op) in enumerate(_CASES):
+                inputs = np.stack([_input(seed, r, dtype, shape) for r in range(SIZE)])
+                want = {"SUM": inputs.sum(0), "MAX": inputs.max(0), "MIN": inputs.min(0)}[op]
+                for r in range(SIZE):
+                    got = results[r][i]
+                    assert got.dtype == np.dtype(dtype) and got.shape == shape
+                    np.testing.assert_allclose(got, want.astype(dtype), rtol=1e-6)
+
+        # a function that raises: re-raised as Ray raises it (an instance of the original
+        # class), noting the rank; the rank blocked on it fails too and is not the one named
+        with pytest.raises(ValueError, match="bad batch") as info:
+            ex.run(fail_on_rank_one)
+        assert isinstance(info.value, ray.exceptions.RayTaskError)
+        assert "raised by rank 1 of 3" in "".join(getattr(info.value, "__notes__", []))
+        # ...and the executor is still usable: every rank left the broken job
+        assert ex.run(lambda: os.environ["UNISON_RANK"]) == ["0", "1", "2"]
+
+        # a killed actor: a typed error naming the rank, and the executor shuts down
+        with pytest.raises(RayWorkerLostError) as lost:
+            ex.run(killed_mid_job)
+        err = lost.value
+        assert err.rank == 1 and err.ranks == (1,) and err.size == SIZE
+        assert "rank 1 of 3 lost" in str(err)
+        assert isinstance(err, UnisonError) and isinstance(err, ray.exceptions.RayActorError)
+        with pytest.raises(LaunchError, match="rank 1 was lost"):
+            ex.run(lambda: 0)
+        assert ex.workers == []
+    finally:
+        ex.shutdown()
+
+
+def test_num_hosts_layout_and_placement_timeout() -> None:
+    ex = RayExecutor(None, num_hosts=1, num_workers_per_host=2)
+    ex.start()
+    try:
+        got = ex.execute(lambda _: (os.environ["UNISON_LOCAL_RANK"], os.environ["UNISON_SIZE"]))
+        assert got == [("0", "2"), ("1", "2")]
+    finally:
+        ex.shutdown()
+    # more CPUs than the cluster has: Horovod's timeout text, a unison error and a TimeoutError
+    big = RayExecutor(
+        RayExecutor.create_settings(timeout_s=10, placement_group_timeout_s=1),
+        num_workers=1,
+        cpus_per_worker=64,
+    )
+    with pytest.raises(RayStartTimeoutError, match="Placement group creation timed out") as info:
+        big.start()
+    assert isinstance(info.value, TimeoutError) and isinstance(info.value, LaunchError)
+    with pytest.raises(LaunchError, match="not started"):
+        big.run(lambda: 0)
+
+
+def test_horovod_argument_checks() -> None:
+    with pytest.raises(ValueError, match="gpus_per_worker is set, but use_gpu is False"):
+        RayExecutor(None, num_workers=2, gpus_per_worker=1)
+    with pytest.raises(ValueError, match="gpus_per_worker must be >= 1: Got 0"):
+        RayExecutor(None, num_workers=2, use_gpu=True, gpus_per_worker=0)
+    with pytest.raises(ValueError, match="without any positive `min_workers`"):
+        RayExecutor(None, max_workers=4)
+    with pytest.raises(ValueError, match="Both `min_workers` and `num_workers` provided"):
+        RayExecutor(None, num_workers=2, min_workers=1)
+    with pytest.raises(UnsupportedError, match="elastic"):
+        RayExecutor(None, min_workers=1, max_workers=2)
+    with pytest.raises(ValueError, match="num_workers must be >= 1"):
+        RayExecutor(None, num_workers=0)
+    s = RayExecutor.create_settings(timeout_s=12, placement_group_timeout_s=7, nics={"lo"})
+    assert (s.timeout_s, s.placement_group_timeout_s, s.nics) == (12, 7, {"lo"})
+    assert RayExecutor.create_settings().timeout_s == 30  # Horovod's default
+
+
+def test_import_unison_does_not_import_ray() -> None:
+    code = "import sys, unison, unison.torch; sys.exit('ray' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
