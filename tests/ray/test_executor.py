@@ -216,3 +216,41 @@ def test_horovod_argument_checks() -> None:
 def test_import_unison_does_not_import_ray() -> None:
     code = "import sys, unison, unison.torch; sys.exit('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def ps_job(steps: int) -> list[float] | None:
+    """BSP SGD on one key: 2 workers push (worker+1)*(step+1); the last rank serves."""
+    import unison
+    import unison.ps as ps
+
+    kv = ps.init(consistency=ps.BSP())  # the server serves here, then returns None
+    w = np.zeros(4)
+    kv.init_params({"w": w})
+    kv.set_optimizer(ps.SGD(lr=0.1))
+    worker = unison.rank()
+    for step in range(steps):
+        kv.pull({"w": w})
+        kv.push({"w": np.full(4, float((worker + 1) * (step + 1)))})
+        kv.clock()
+    kv.pull({"w": w})
+    kv.close()
+    unison.shutdown()
+    return [float(v) for v in w]
+
+
+def test_parameter_server_job_on_actors() -> None:
+    ex = RayExecutor(None, num_workers=3, num_servers=1)
+    ex.start()
+    try:
+        roles = ex.execute(lambda _: os.environ.get("UNISON_ROLE"))
+        assert roles == ["worker", "worker", "server"]
+        steps = 3
+        want = -0.1 * sum((1 + 2) * (s + 1) for s in range(steps))  # SGD on the summed pushes
+        got = ex.run(ps_job, args=[steps])
+        assert got[2] is None  # the server's call ends when its workers are done
+        for w in got[:2]:
+            np.testing.assert_allclose(w, [want] * 4, rtol=1e-12)
+    finally:
+        ex.shutdown()
+    with pytest.raises(ValueError, match=r"num_servers must be in 0\.\.1"):
+        RayExecutor(None, num_workers=2, num_servers=2)

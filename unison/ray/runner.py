@@ -77,8 +77,9 @@ class RayExecutor:
     """One unison job on Ray actors; ``horovod.ray.RayExecutor``'s constructor and methods.
 
     Use ``num_workers`` (actors packed onto as few nodes as possible) or ``num_hosts`` x
-    ``num_workers_per_host``. ``min_workers``/``max_workers`` (Horovod's elastic form)
-    are not supported yet and raise :class:`~unison.errors.UnsupportedError`.
+    ``num_workers_per_host``. ``num_servers`` (not in Horovod) makes the last ranks
+    ``unison.ps`` servers, as ``unison run --servers``. ``min_workers``/``max_workers``
+    (Horovod's elastic form) are not supported yet: :class:`~unison.errors.UnsupportedError`.
     """
 
     @classmethod
@@ -119,6 +120,8 @@ class RayExecutor:
         cooldown_range: Sequence[int] | None = None,
         elastic_timeout: int = 600,
         override_discovery: bool = True,
+        *,
+        num_servers: int = 0,
     ) -> None:
         # Horovod's checks and texts
         if max_workers and (not min_workers or min_workers <= 0):
@@ -152,6 +155,12 @@ class RayExecutor:
             raise InvalidArgumentError(
                 f"num_workers_per_host must be >= 1, got {num_workers_per_host}"
             )
+        size = num_workers if num_workers else int(num_hosts or 0) * num_workers_per_host
+        if not 0 <= num_servers < size:
+            raise InvalidArgumentError(
+                f"num_servers must be in 0..{size - 1} (at least one worker), got {num_servers}"
+            )
+        self.num_servers = num_servers
         self.settings = settings if settings is not None else self.create_settings()
         self.settings.elastic = False
         self.layout = Layout(
@@ -233,6 +242,7 @@ class RayExecutor:
                 slot=place.slots[r],
                 network_interface=nic,
                 master=(place.ips[0], int(master_port)),
+                servers=self.num_servers,
             )
             for r in range(size)
         ]

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..errors import LaunchError
+
 __all__ = ["UnisonRayWorker"]
 
 
@@ -84,9 +86,20 @@ class UnisonRayWorker:
             )
 
     def execute(self, fn: Callable[[Any], Any]) -> Any:
-        """``fn(executable)``; if it raises, this rank leaves the unison job first."""
+        """``fn(executable)``; if it raises, this rank leaves the unison job first.
+
+        ``sys.exit()`` in ``fn`` (a ``unison.ps`` server exits when its workers are done)
+        ends the call, not the actor: status 0 or None returns None, another status
+        raises :class:`~unison.errors.LaunchError`.
+        """
         try:
             return fn(self.executable)
+        except SystemExit as exc:
+            _leave_job()
+            if exc.code in (0, None):
+                return None
+            rank = os.environ.get("UNISON_RANK", "?")
+            raise LaunchError(f"rank {rank}: the function exited with status {exc.code}") from None
         except BaseException:
             _leave_job()
             raise
