@@ -17,7 +17,12 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison[ray
 import ray
 
 from unison.errors import LaunchError, UnisonError, UnsupportedError
-from unison.ray import RayExecutor, RayStartTimeoutError, RayWorkerLostError
+from unison.ray import (
+    RayExecutor,
+    RayHostDiscovery,
+    RayStartTimeoutError,
+    RayWorkerLostError,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -254,3 +259,15 @@ def test_parameter_server_job_on_actors() -> None:
         ex.shutdown()
     with pytest.raises(ValueError, match=r"num_servers must be in 0\.\.1"):
         RayExecutor(None, num_workers=2, num_servers=2)
+
+
+def test_ray_node_membership_as_discovery_script(capsys: pytest.CaptureFixture[str]) -> None:
+    from unison.ray.discovery import format_hosts, main
+
+    ip = ray.util.get_node_ip_address()
+    assert RayHostDiscovery().find_available_hosts_and_slots() == {ip: 4}  # num_cpus=4
+    assert RayHostDiscovery(cpus_per_worker=3).find_available_hosts_and_slots() == {ip: 1}
+    assert RayHostDiscovery(use_gpu=True).find_available_hosts_and_slots() == {ip: 0}
+    assert main(["--cpus-per-worker", "2"]) == 0
+    assert capsys.readouterr().out == f"{ip}:2\n"  # Horovod's discovery-script format
+    assert format_hosts({"a": 2, "b": 0, "c": 1}) == "a:2\nc:1\n"

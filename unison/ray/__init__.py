@@ -20,6 +20,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
         "unison.ray needs Ray: pip install 'unison[ray]' (or pip install 'ray==2.60.0')"
     ) from _exc
 
+from .discovery import RayHostDiscovery
 from .errors import RayStartTimeoutError, RayWorkerLostError
 from .runner import FAILURE_GRACE, MiniSettings, RayExecutor
 from .worker import UnisonRayWorker
@@ -28,6 +29,7 @@ __all__ = [
     "FAILURE_GRACE",
     "MiniSettings",
     "RayExecutor",
+    "RayHostDiscovery",
     "RayStartTimeoutError",
     "RayWorkerLostError",
     "UnisonRayWorker",
