@@ -1,4 +1,6 @@
-"""One local Ray instance for the whole tests/ray session (starting one takes seconds)."""
+"""One local Ray cluster for the whole tests/ray session (starting one takes seconds): two
+Ray nodes of 2 CPUs each on this machine, so placement across nodes and the per-node
+numbering of ranks are exercised."""
 
 from __future__ import annotations
 
@@ -16,13 +18,15 @@ except ImportError:  # the test modules skip themselves with the reason
 def ray_local() -> Iterator[None]:
     if ray is None:
         pytest.skip("Ray is not installed (pip install 'unison[ray]')")
-    ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        object_store_memory=100 * 1024 * 1024,
-        configure_logging=False,
-    )
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     try:
+        cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, configure_logging=False)
         yield
     finally:
         ray.shutdown()
+        cluster.shutdown()

@@ -124,13 +124,16 @@ def test_run_execute_collectives_and_failures() -> None:
         assert [e["HOROVOD_RANK"] for e in envs] == ["0", "1", "2"]
         assert [e["RANK"] for e in envs] == ["0", "1", "2"]
         assert {e["UNISON_SIZE"] for e in envs} == {"3"} == {e["WORLD_SIZE"] for e in envs}
-        assert [e["UNISON_LOCAL_RANK"] for e in envs] == ["0", "1", "2"]  # one node
-        assert (
-            {e["UNISON_LOCAL_SIZE"] for e in envs}
-            == {"3"}
-            == {e["HOROVOD_LOCAL_SIZE"] for e in envs}
-        )
-        assert {(e["UNISON_CROSS_RANK"], e["UNISON_CROSS_SIZE"]) for e in envs} == {("0", "1")}
+        # PACK on two nodes of 2 CPUs: two ranks on the first node, one on the second
+        assert [e["UNISON_LOCAL_RANK"] for e in envs] == ["0", "1", "0"]
+        assert [e["UNISON_LOCAL_SIZE"] for e in envs] == ["2", "2", "1"]
+        assert [e["HOROVOD_LOCAL_SIZE"] for e in envs] == ["2", "2", "1"]
+        assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0"]
+        assert [(e["UNISON_CROSS_RANK"], e["UNISON_CROSS_SIZE"]) for e in envs] == [
+            ("0", "2"),
+            ("0", "2"),
+            ("1", "2"),
+        ]
         assert len({e["UNISON_JOB_ID"] for e in envs}) == 1 and envs[0]["UNISON_JOB_ID"]
         assert len({e["MASTER_PORT"] for e in envs}) == 1
         assert {e["EXTRA"] for e in envs} == {"yes"}
@@ -179,12 +182,36 @@ def test_run_execute_collectives_and_failures() -> None:
         ex.shutdown()
 
 
+def _layout_seen_by_unison() -> tuple[int, int, int, int, int, str]:
+    import unison
+
+    unison.init()
+    seen = (
+        unison.rank(),
+        unison.local_rank(),
+        unison.local_size(),
+        unison.cross_rank(),
+        unison.cross_size(),
+        ray.get_runtime_context().get_node_id(),
+    )
+    unison.barrier()
+    unison.shutdown()
+    return seen
+
+
 def test_num_hosts_layout_and_placement_timeout() -> None:
-    ex = RayExecutor(None, num_hosts=1, num_workers_per_host=2)
+    ex = RayExecutor(None, num_hosts=2, num_workers_per_host=2)
     ex.start()
     try:
-        got = ex.execute(lambda _: (os.environ["UNISON_LOCAL_RANK"], os.environ["UNISON_SIZE"]))
-        assert got == [("0", "2"), ("1", "2")]
+        got = ex.run(_layout_seen_by_unison)
+        # two per node, consecutive; unison's own view agrees with the environment
+        assert [g[:5] for g in got] == [
+            (0, 0, 2, 0, 2),
+            (1, 1, 2, 0, 2),
+            (2, 0, 2, 1, 2),
+            (3, 1, 2, 1, 2),
+        ]
+        assert got[0][5] == got[1][5] != got[2][5] == got[3][5]  # Ray node ids
     finally:
         ex.shutdown()
     # more CPUs than the cluster has: Horovod's timeout text, a unison error and a TimeoutError
@@ -265,9 +292,12 @@ def test_ray_node_membership_as_discovery_script(capsys: pytest.CaptureFixture[s
     from unison.ray.discovery import format_hosts, main
 
     ip = ray.util.get_node_ip_address()
-    assert RayHostDiscovery().find_available_hosts_and_slots() == {ip: 4}  # num_cpus=4
-    assert RayHostDiscovery(cpus_per_worker=3).find_available_hosts_and_slots() == {ip: 1}
+    assert RayHostDiscovery().find_available_hosts_and_slots() == {
+        ip: 4
+    }  # 2 nodes x 2 CPUs, one address
+    assert RayHostDiscovery(cpus_per_worker=3).find_available_hosts_and_slots() == {ip: 0}
     assert RayHostDiscovery(use_gpu=True).find_available_hosts_and_slots() == {ip: 0}
-    assert main(["--cpus-per-worker", "2"]) == 0
-    assert capsys.readouterr().out == f"{ip}:2\n"  # Horovod's discovery-script format
+    assert RayHostDiscovery(cpus_per_worker=2).find_available_hosts_and_slots() == {ip: 2}
+    assert main(["--cpus-per-worker", "1"]) == 0
+    assert capsys.readouterr().out == f"{ip}:4\n"  # Horovod's discovery-script format
     assert format_hosts({"a": 2, "b": 0, "c": 1}) == "a:2\nc:1\n"
