@@ -1,6 +1,6 @@
-"""One local Ray cluster for the whole tests/ray session (starting one takes seconds): two
-Ray nodes of 2 CPUs each on this machine, so placement across nodes and the per-node
-numbering of ranks are exercised."""
+"""One local Ray cluster for the whole tests/ray session (starting one takes seconds):
+two Ray nodes on this machine, 2 CPUs (and 2 declared GPUs) each, so placement across
+nodes and the per-node numbering of ranks are exercised."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ def ray_local() -> Iterator[None]:
         pytest.skip("Ray is not installed (pip install 'unison[ray]')")
     from ray.cluster_utils import Cluster
 
-    node = {"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024}
+    # GPUs declared as a resource only (no device is touched): use_gpu's placement and
+    # CUDA_VISIBLE_DEVICES handling are checked without a GPU
+    node = {"num_cpus": 2, "num_gpus": 2, "object_store_memory": 80 * 1024 * 1024}
     cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     try:
         cluster.add_node(**node)

@@ -214,6 +214,17 @@ def test_num_hosts_layout_and_placement_timeout() -> None:
         assert got[0][5] == got[1][5] != got[2][5] == got[3][5]  # Ray node ids
     finally:
         ex.shutdown()
+    # use_gpu: one GPU per actor; each sees every GPU given to its node's actors (Horovod)
+    gpu = RayExecutor(None, num_workers=3, use_gpu=True)
+    gpu.start()
+    try:
+        seen = gpu.execute(lambda _: (os.environ["CUDA_VISIBLE_DEVICES"], ray.get_gpu_ids()))
+        node_a = sorted(str(g) for _, ids in seen[:2] for g in ids)
+        assert len(node_a) == 2 and len(set(node_a)) == 2
+        assert sorted(seen[0][0].split(",")) == sorted(seen[1][0].split(",")) == node_a
+        assert seen[2][0] == ",".join(str(g) for g in seen[2][1]) and len(seen[2][1]) == 1
+    finally:
+        gpu.shutdown()
     # more CPUs than the cluster has: Horovod's timeout text, a unison error and a TimeoutError
     big = RayExecutor(
         RayExecutor.create_settings(timeout_s=10, placement_group_timeout_s=1),
@@ -296,7 +307,10 @@ def test_ray_node_membership_as_discovery_script(capsys: pytest.CaptureFixture[s
         ip: 4
     }  # 2 nodes x 2 CPUs, one address
     assert RayHostDiscovery(cpus_per_worker=3).find_available_hosts_and_slots() == {ip: 0}
-    assert RayHostDiscovery(use_gpu=True).find_available_hosts_and_slots() == {ip: 0}
+    assert RayHostDiscovery(use_gpu=True).find_available_hosts_and_slots() == {ip: 4}
+    assert RayHostDiscovery(use_gpu=True, gpus_per_worker=2).find_available_hosts_and_slots() == {
+        ip: 2
+    }
     assert RayHostDiscovery(cpus_per_worker=2).find_available_hosts_and_slots() == {ip: 2}
     assert main(["--cpus-per-worker", "1"]) == 0
     assert capsys.readouterr().out == f"{ip}:4\n"  # Horovod's discovery-script format
