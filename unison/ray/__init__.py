@@ -21,11 +21,13 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     ) from _exc
 
 from .discovery import RayHostDiscovery
+from .elastic import ElasticRayExecutor
 from .errors import RayStartTimeoutError, RayWorkerLostError
 from .runner import FAILURE_GRACE, MiniSettings, RayExecutor
 from .worker import UnisonRayWorker
 
 __all__ = [
+    "ElasticRayExecutor",
     "FAILURE_GRACE",
     "MiniSettings",
     "RayExecutor",

@@ -24,7 +24,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -42,6 +42,9 @@ from ..store import TCPStoreServer
 from ..transport.shm_segment import cleanup_job
 from .errors import RayStartTimeoutError, RayWorkerLostError
 from .placement import Layout, Placement
+
+if TYPE_CHECKING:
+    from .elastic import ElasticRayExecutor
 
 __all__ = ["FAILURE_GRACE", "MiniSettings", "RayExecutor"]
 
@@ -79,7 +82,7 @@ class RayExecutor:
     Use ``num_workers`` (actors packed onto as few nodes as possible) or ``num_hosts`` x
     ``num_workers_per_host``. ``num_servers`` (not in Horovod) makes the last ranks
     ``unison.ps`` servers, as ``unison run --servers``. ``min_workers``/``max_workers``
-    (Horovod's elastic form) are not supported yet: :class:`~unison.errors.UnsupportedError`.
+    (Horovod's elastic form) makes it elastic: see :class:`~.elastic.ElasticRayExecutor`.
     """
 
     @classmethod
@@ -135,11 +138,6 @@ class RayExecutor:
                 "Only one of the above is allowed as workloads cannot be elastic and "
                 "non-elastic."
             )
-        if min_workers is not None:
-            raise UnsupportedError(
-                "unison.ray: the elastic form (min_workers/max_workers) is not supported yet; "
-                "use num_workers"
-            )
         if gpus_per_worker and not use_gpu:
             raise ValueError(
                 "gpus_per_worker is set, but use_gpu is False. "
@@ -147,6 +145,29 @@ class RayExecutor:
             )
         if use_gpu and isinstance(gpus_per_worker, int) and gpus_per_worker < 1:
             raise ValueError(f"gpus_per_worker must be >= 1: Got {gpus_per_worker}.")
+        self._placement: Placement | None = None
+        self._server: TCPStoreServer | None = None
+        self._job_id = ""
+        self._closed_reason: str | None = None
+        self._elastic: ElasticRayExecutor | None = None
+        if min_workers is not None:  # the elastic form: Ray's nodes are the host discovery
+            from .elastic import ElasticRayExecutor
+
+            self.settings = settings if settings is not None else self.create_settings()
+            self._elastic = ElasticRayExecutor(
+                self.settings,
+                min_workers,
+                max_workers,
+                cpus_per_worker,
+                use_gpu,
+                gpus_per_worker,
+                reset_limit,
+                cooldown_range,
+                elastic_timeout,
+            )
+            self.num_workers, self.num_servers = min_workers, 0
+            self.cpus_per_worker, self.use_gpu = cpus_per_worker, use_gpu
+            return
         if num_workers is None and not num_hosts:
             raise InvalidArgumentError("RayExecutor needs num_workers, or num_hosts")
         if num_workers is not None and num_workers < 1:
@@ -175,10 +196,6 @@ class RayExecutor:
         self.cpus_per_worker = cpus_per_worker
         self.use_gpu = use_gpu
         self.gpus_per_worker = self.layout.gpus_per_worker
-        self._placement: Placement | None = None
-        self._server: TCPStoreServer | None = None
-        self._job_id = ""
-        self._closed_reason: str | None = None
 
     # --- life cycle -------------------------------------------------------------------
     @property
@@ -195,6 +212,11 @@ class RayExecutor:
     ) -> None:
         """Place the actors, serve the store, set every rank's environment, then create
         ``executable_cls(*executable_args, **executable_kwargs)`` in each actor."""
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise UnsupportedError("unison.ray: executable_cls with min_workers (elastic)")
+            self._elastic.start(extra_env_vars)
+            return
         if self._placement is not None:
             raise LaunchError("RayExecutor.start() called twice; call shutdown() first")
         if not ray.is_initialized():
@@ -262,6 +284,8 @@ class RayExecutor:
 
     def shutdown(self) -> None:
         """Kill the actors, remove the placement group, stop the store."""
+        if self._elastic is not None:
+            self._elastic.shutdown()
         place, self._placement = self._placement, None
         if place is not None:
             place.release()
@@ -292,8 +316,11 @@ class RayExecutor:
         kwargs: Mapping[str, Any] | None = None,
         callbacks: Sequence[Callable[..., Any]] | None = None,
     ) -> list[Any]:
-        """``fn(*args, **kwargs)`` on every worker; the results in rank order."""
+        """``fn(*args, **kwargs)`` on every worker; the results in rank order (elastic: of
+        the last world's workers)."""
         _no_callbacks(callbacks)
+        if self._elastic is not None:
+            return self._elastic.run(fn, args, kwargs)
         return self._gather(self.run_remote(fn, args, kwargs))
 
     def run_remote(
@@ -313,6 +340,8 @@ class RayExecutor:
 
     # --- internals ----------------------------------------------------------------------
     def _actors(self) -> list[Any]:
+        if self._elastic is not None:
+            raise UnsupportedError("unison.ray: with min_workers (elastic) only run() is supported")
         if self._placement is None:
             raise LaunchError(
                 self._closed_reason or "RayExecutor is not started; call start() first"
