@@ -28,6 +28,7 @@ from ..errors import LaunchError
 from ..launch.hosts import Slot
 from ..launch.rankenv import rank_environment
 from ..store import TCPStore, TCPStoreServer
+from ..transport.shm_segment import cleanup_job
 from .runner import MiniSettings, RayExecutor
 from .worker import UnisonRayWorker
 
@@ -82,6 +83,8 @@ class ElasticRayExecutor:
         self._client: TCPStore | None = None
         self._fn: Callable[[Any], Any] | None = None
         self._succeeded = False
+        self._job_id = ""
+        self._pending = ""
 
     # --- membership ---------------------------------------------------------------------
     def _nodes(self) -> dict[str, int]:
@@ -132,6 +135,8 @@ class ElasticRayExecutor:
             if closable is not None:
                 closable.close()
         self._client = self._server = None
+        if self._job_id:
+            cleanup_job(self._job_id)  # shared memory of workers killed before unlinking it
 
     def _too_few(self) -> str:
         # Horovod's text, then the numbers
