@@ -272,6 +272,13 @@ KNOBS: tuple[Knob, ...] = (
         "unison.torch: fail stalled tensors on every rank after this many seconds; 0 = never "
         "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)",
     ),
+    # link model (unison.transport.calibrate): measured per host; these pin a value
+    Knob("UNISON_SHM_ALPHA", "shm_alpha", 0.0, _positive_float, "shm seconds per message"),
+    Knob("UNISON_SHM_BETA", "shm_beta", 0.0, _positive_float, "shm seconds per byte"),
+    Knob("UNISON_TCP_ALPHA", "tcp_alpha", 0.0, _positive_float, "tcp seconds per message"),
+    Knob("UNISON_TCP_BETA", "tcp_beta", 0.0, _positive_float, "tcp seconds per byte"),
+    Knob("UNISON_CALL_OVERHEAD", "call_overhead", 0.0, _positive_float, "seconds per call"),
+    Knob("UNISON_LINK_CACHE", "link_cache", "", str, "link-model cache dir; off: none"),
 )
 
 
@@ -300,6 +307,12 @@ class Config:
     stall_check_disable: bool = False
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
+    shm_alpha: float = 0.0
+    shm_beta: float = 0.0
+    tcp_alpha: float = 0.0
+    tcp_beta: float = 0.0
+    call_overhead: float = 0.0
+    link_cache: str = ""
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
