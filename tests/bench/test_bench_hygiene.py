@@ -93,3 +93,11 @@ def test_calibrate_measures_and_caches(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "shm: alpha" in r.stdout and "tcp: alpha" in r.stdout
     assert len(list(tmp_path.glob("linkmodel-*.json"))) == 1
+
+
+@pytest.mark.timeout(120)
+def test_simulate_bad_arguments_are_usage_errors() -> None:
+    for argv in (["-np", "0"], ["--link", "garbage"], ["--size", "huge"]):
+        r = _unison("simulate", *argv)
+        assert r.returncode == 2, (argv, r.stderr)
+        assert "unison simulate: error:" in r.stderr and "Traceback" not in r.stderr, argv

@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from .._version import __version__
+from ..errors import InvalidArgumentError
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -53,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[args.subcommand][0])
-    status: int = module.main(args)
+    try:
+        status: int = module.main(args)
+    except InvalidArgumentError as exc:  # bad arguments: a usage error, not a traceback
+        print(f"unison {args.subcommand}: error: {exc}", file=sys.stderr)
+        return 2
     return status
 
 
