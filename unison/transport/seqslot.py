@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .._types import ReduceOp
-from ..buffers import DType, finalize_average, from_numpy, kernel
+from ..buffers import DType, Kernel, finalize_average, from_numpy, kernel
 from ..errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError
 from . import futex
 from .wait_policy import WaitPolicy
@@ -99,6 +99,8 @@ class SeqSlots:
             oversubscribed = self.size > cores
         self.policy = WaitPolicy(oversubscribed)
         self.peers = [q for q in range(self.size) if q != rank]
+        self._kernels: dict[tuple[ReduceOp, DType], Kernel] = {}
+        self._views: dict[tuple[int, int, int, np.dtype], list[np.ndarray]] = {}
 
     # --- the one primitive ------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
@@ -142,45 +144,45 @@ class SeqSlots:
         return ((self._seq[q].value - k) & _MASK) <= 1
 
     def _wait(self, k: int, sig: int, timeout: float) -> None:
+        """Until every peer published ``k``: spin, yield, then sleep; deadline-bound."""
         policy = self.policy
-        start = now = time.monotonic()
+        start = time.monotonic()
         deadline = start + timeout
         spin_end = start + policy.spin_s
         yield_end = spin_end + policy.yield_s
         blocked = False
-        pending = [q for q in self.peers if not self._arrived(q, k)]
-        while pending:
-            pending = [q for q in pending if not self._arrived(q, k)]
-            if not pending:
-                break
-            now = time.monotonic()
-            if now >= deadline:
-                raise CollectiveTimeoutError(
-                    f"rank {self.rank}: {_NAMES[sig >> 56]} timed out after {timeout:g} s "
-                    f"waiting for ranks {pending}",
-                    op=_NAMES[sig >> 56],
-                    ranks=pending,
-                )
-            if now < spin_end:
-                continue
-            if self._alive is not None:
-                gone = self._alive()
-                if gone is not None:
-                    raise CollectiveTimeoutError(
-                        f"rank {self.rank}: {_NAMES[sig >> 56]}: {gone}",
-                        op=_NAMES[sig >> 56],
-                        ranks=pending,
-                    )
-            if now < yield_end:
-                os.sched_yield()
-                continue
-            q = pending[0]  # sleep until the first missing peer publishes
-            blocked = True
-            seen = self._seq[q].value
-            self._sleepers[q].value = 1
-            if not self._arrived(q, k):
-                futex.wait(self._addr[q], seen, min(_SLEEP_S, deadline - now))
+        for q in self.peers:  # all must arrive: wait for each in turn
+            seq = self._seq[q]
+            n = 0
+            while (seq.value - k) & _MASK > 1:
+                n += 1
+                if n & 7 and n < 64:  # a few cheap polls between clock reads
+                    continue
+                now = time.monotonic()
+                if now < spin_end:
+                    continue
+                if now >= deadline:
+                    self._late(k, sig, timeout, None)
+                if self._alive is not None:
+                    gone = self._alive()
+                    if gone is not None:
+                        self._late(k, sig, timeout, gone)
+                if now < yield_end:
+                    os.sched_yield()
+                    continue
+                blocked = True  # sleep until this peer publishes (or a bounded re-check)
+                seen = seq.value
+                self._sleepers[q].value = 1
+                if (seen - k) & _MASK > 1:
+                    futex.wait(self._addr[q], seen, min(_SLEEP_S, deadline - now))
         policy.observe(time.monotonic() - start, blocked)
+
+    def _late(self, k: int, sig: int, timeout: float, gone: str | None) -> None:
+        pending = [q for q in self.peers if not self._arrived(q, k)]
+        why = gone or f"timed out after {timeout:g} s waiting for ranks {pending}"
+        raise CollectiveTimeoutError(
+            f"rank {self.rank}: {_NAMES[sig >> 56]} {why}", op=_NAMES[sig >> 56], ranks=pending
+        )
 
     def _describe(self, sig: int) -> str:
         kind, op, dt = sig >> 56, (sig >> 48) & 0xFF, (sig >> 40) & 0xFF
@@ -201,9 +203,18 @@ class SeqSlots:
     def _reduce(
         self, h: int, off: int, count: int, op: ReduceOp, dt: DType, out: np.ndarray
     ) -> None:
-        kern = kernel(op, dt)
-        nb = count * out.itemsize
-        srcs = [self._payload(q, h, off + nb)[off:].view(out.dtype) for q in range(self.size)]
+        kern = self._kernels.get((op, dt))
+        if kern is None:
+            kern = self._kernels[(op, dt)] = kernel(op, dt)
+        key = (h, off, count, out.dtype)
+        srcs = self._views.get(key)
+        if srcs is None:  # views of the peers' slots, made once per shape
+            if len(self._views) > 256:
+                self._views.clear()
+            nb = count * out.itemsize
+            srcs = self._views[key] = [
+                self._payload(q, h, off + nb)[off:].view(out.dtype) for q in range(self.size)
+            ]
         if self.size == 1:
             out[:] = srcs[0]
         else:
