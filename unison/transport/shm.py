@@ -355,8 +355,16 @@ class ShmTransport(MatchingTransport):
             self._spinners += 1
         spinning = True
         try:
+            ins = self._in_list
             while not req.done():
-                moved = self._progress_now(blocking=False)
+                # take the lock only when a queue or a ring has something to move
+                work = bool(self._busy)
+                if not work:
+                    for ib in ins:
+                        if ib.ring.available():
+                            work = True
+                            break
+                moved = self._progress_now(blocking=False) if work else False
                 if req.done():
                     break
                 now = time.monotonic()
