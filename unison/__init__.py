@@ -43,8 +43,6 @@ from .comm.api import (
     send,
     size,
 )
-from .comm.runtime import current as _current
-from .comm.runtime import init, is_initialized, shutdown
 from .comm.work import Work
 from .errors import (
     AbortedError,
@@ -56,6 +54,8 @@ from .errors import (
     PeerLostError,
     UnisonError,
 )
+from .world import current as _current
+from .world import init, is_initialized, shutdown
 
 __all__ = [
     "AbortedError",

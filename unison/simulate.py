@@ -1,8 +1,8 @@
 """``unison simulate``: predict all-reduce times from the α-β-γ cost model.
 
 The predictions are the selector's own: each algorithm's ``cost(p, n, link)`` from
-:mod:`unison.algorithms`, evaluated on a :class:`~unison.algorithms.cost.Link` (one
-host) or :class:`~unison.algorithms.cost.TwoLevelLink` (``--hosts`` > 1: α/β of the
+:mod:`unison.algorithms`, evaluated on a :class:`~unison.link.Link` (one
+host) or :class:`~unison.link.TwoLevelLink` (``--hosts`` > 1: α/β of the
 network between hosts, ``--intra`` between the ranks of one host). Algorithms:
 
 * ``ring``: flat ring (reduce-scatter + all-gather), :mod:`.allreduce_ring`;
@@ -25,7 +25,7 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .algorithms import (
     allreduce_hierarchical,
@@ -35,9 +35,9 @@ from .algorithms import (
     broadcast_binomial,
     reduce_binomial,
 )
-from .algorithms.cost import Link, TwoLevelLink
 from .algorithms.select import choose
 from .errors import InvalidArgumentError
+from .link import Link, TwoLevelLink, shared_link
 
 __all__ = [
     "ALGOS",
@@ -103,10 +103,7 @@ def parse_latency(text: str) -> float:
 def _link(spec: str, gamma: float) -> Link:
     """``BANDWIDTH,LATENCY`` (either order) → Link."""
     if spec == "shm":
-        from .algorithms.shm_arena import SLOT_BYTES, SharedLink
-        from .transport.shm import ShmTransport
-
-        return SharedLink(ShmTransport.alpha, ShmTransport.beta, gamma, half=SLOT_BYTES // 2)
+        return replace(shared_link(), gamma=gamma)
     parts = [s.strip() for s in spec.split(",")]
     if len(parts) != 2:
         raise InvalidArgumentError(f"link {spec!r}: expected BANDWIDTH,LATENCY e.g. 100Gbit,5us")

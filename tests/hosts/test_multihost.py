@@ -30,7 +30,7 @@ SCRIPT = r"""
 import os, sys, time
 import numpy as np
 import unison as un
-from unison.comm.runtime import current
+from unison.world import current
 un.init()
 r, p = un.rank(), un.size()
 mode = sys.argv[1]
@@ -145,7 +145,7 @@ def test_every_collective_on_three_shaped_hosts(three: BridgedHosts, tmp_path: P
 def test_selector_picks_hierarchical_by_itself(two: BridgedHosts, tmp_path: Path) -> None:
     script = tmp_path / "pick.py"
     script.write_text(
-        "import unison as un\nfrom unison.comm.runtime import current\nun.init()\n"
+        "import unison as un\nfrom unison.world import current\nun.init()\n"
         "print('PICK', current().choose('allreduce', un.size(), 1 << 22).name)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))

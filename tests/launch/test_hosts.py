@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from unison.algorithms.cost import Link, TwoLevelLink
 from unison.algorithms.select import choose, table
 from unison.errors import InvalidArgumentError
 from unison.launch.hosts import allocate, parse_hostfile, parse_hosts, remote_argv
-from unison.transport.fabric import two_level
+from unison.link import Link, TwoLevelLink, two_level
 
 ROOT = Path(__file__).resolve().parents[2]
 

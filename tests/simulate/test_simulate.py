@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from unison.algorithms import allreduce_hierarchical, allreduce_ring
-from unison.algorithms.cost import Link, TwoLevelLink
 from unison.errors import InvalidArgumentError
 from unison.launch.cli import main as cli_main
+from unison.link import Link, TwoLevelLink
 from unison.simulate import build_link, parse_bandwidth, parse_latency, parse_size, predict
 
 pytestmark = pytest.mark.timeout(30)

@@ -25,7 +25,7 @@ def _leftovers(job: str) -> list[str]:
 
 
 def _after_init() -> dict[str, object]:
-    from unison.comm.runtime import current
+    from unison.world import current
 
     rt = current()
     job = os.environ["UNISON_JOB_ID"]
@@ -150,7 +150,7 @@ def _mixed_hosts() -> dict[str, object]:
     r = int(os.environ["UNISON_RANK"])
     os.environ["UNISON_HOST_ID"] = f"host-{r // 2}"
     un.init()
-    from unison.comm.runtime import current
+    from unison.world import current
 
     rt = current()
     x = np.full(10_000, r + 1.0)
@@ -208,7 +208,7 @@ def test_isend_progresses_while_the_sender_does_not_wait() -> None:
 
 
 def _choices() -> list[str]:
-    from unison.comm.runtime import current
+    from unison.world import current
 
     rt = current()
     return [rt.choose(c, un.size(), n).name for c in ("allreduce", "allgather", "broadcast")

@@ -4,8 +4,8 @@ Schedules (who talks to whom) are pure functions in :mod:`._schedule`; the data
 movement uses an :class:`OpContext`; :mod:`.select` picks one per call by cost.
 """
 
+from ..link import Link
 from ._context import OpCode, OpContext, describe
-from .cost import Link
 from .select import REGISTRY, Choice, choose
 
 __all__ = ["REGISTRY", "Choice", "Link", "OpCode", "OpContext", "choose", "describe"]

@@ -25,7 +25,7 @@ pays 2(H−1) instead of 2(HL−1) network latencies.
 Preconditions: the group spans at least two hosts with equally many ranks on each,
 contiguous by host (else the flat ring runs, the same choice on every rank); the
 selector considers it for the world group of a multi-host job
-(:class:`~.cost.TwoLevelLink`). ``UNISON_ALGO=allreduce:hierarchical`` on one host
+(:class:`~unison.link.TwoLevelLink`). ``UNISON_ALGO=allreduce:hierarchical`` on one host
 raises :class:`~unison.errors.UnsupportedError`.
 Reference: Sergeev & Del Balso, "Horovod" (2018), hierarchical all-reduce; Thakur,
 Rabenseifner & Gropp (2005) for the ring and recursive-doubling phases.
@@ -40,10 +40,10 @@ import numpy as np
 from .._types import ReduceOp
 from ..buffers import DType, Kernel, finalize_average
 from ..errors import UnsupportedError
+from ..link import Link, TwoLevelLink
 from . import allreduce_recursive_doubling, allreduce_ring
 from ._context import OpContext
 from ._schedule import chunks
-from .cost import Link, TwoLevelLink
 from .ring_allgather import allgather_blocks
 from .ring_reduce_scatter import reduce_scatter_blocks
 from .sub_context import SubContext, host_layout

@@ -18,9 +18,9 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import DType, Kernel, finalize_average
+from ..link import Link
 from ._context import OpContext
 from ._schedule import chunks
-from .cost import Link
 from .ring_allgather import allgather_blocks
 from .ring_reduce_scatter import reduce_scatter_blocks
 

@@ -26,11 +26,11 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import DType, Kernel, finalize_average
+from ..link import Link, SharedLink
 from . import allreduce_ring
 from ._context import OpContext
 from ._schedule import chunks
-from .cost import Link
-from .shm_arena import SharedLink, arena_of, rounds, sync
+from .shm_arena import arena_of, rounds, sync
 
 __all__ = ["NAME", "cost", "run", "supports"]
 

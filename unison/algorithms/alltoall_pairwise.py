@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..link import Link
 from ._context import OpContext
-from .cost import Link
 
 __all__ = ["NAME", "cost", "run", "supports"]
 

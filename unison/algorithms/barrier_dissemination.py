@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..link import Link, log2ceil
 from ._context import OpContext
 from ._schedule import dissemination_peers
-from .cost import Link, log2ceil
 
 __all__ = ["NAME", "cost", "run", "supports"]
 

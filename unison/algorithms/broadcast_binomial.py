@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..link import Link, log2ceil
 from ._context import OpContext
 from ._schedule import binomial_children, binomial_parent, segments
-from .cost import Link, log2ceil
 
 __all__ = ["NAME", "cost", "run", "supports"]
 

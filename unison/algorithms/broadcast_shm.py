@@ -17,10 +17,10 @@ import math
 
 import numpy as np
 
+from ..link import Link, SharedLink
 from . import broadcast_binomial
 from ._context import OpContext
-from .cost import Link
-from .shm_arena import SharedLink, arena_of, rounds, sync
+from .shm_arena import arena_of, rounds, sync
 
 __all__ = ["NAME", "cost", "run", "supports"]
 

@@ -17,9 +17,9 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import DType, Kernel, finalize_average
+from ..link import Link, log2ceil
 from ._context import OpContext
 from ._schedule import binomial_children, binomial_parent, segments
-from .cost import Link, log2ceil
 
 __all__ = ["NAME", "cost", "run", "supports"]
 

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..buffers import Kernel
+from ..link import Link, SharedLink
 from . import ring_reduce_scatter
 from ._context import OpContext
 from .allreduce_shm import reduce_slice
-from .cost import Link
-from .shm_arena import SharedLink, arena_of, rounds, sync
+from .shm_arena import arena_of, rounds, sync
 
 __all__ = ["NAME", "cost", "run", "supports"]
 

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..link import Link
 from ._context import OpContext
 from ._schedule import ring_neighbors, segments
-from .cost import Link
 
 __all__ = ["NAME", "allgather_blocks", "cost", "run", "supports"]
 

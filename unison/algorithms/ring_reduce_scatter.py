@@ -19,10 +19,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..buffers import Kernel
+from ..link import Link
 from ..transport.request import Request
 from ._context import OpContext
 from ._schedule import ring_neighbors, segments
-from .cost import Link
 
 __all__ = ["NAME", "cost", "reduce_scatter_blocks", "run", "supports"]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from ..errors import UnsupportedError
+from ..link import Link
 from ..log import get_logger
 from . import (
     allgather_shm,
@@ -31,7 +32,6 @@ from . import (
     ring_allgather,
     ring_reduce_scatter,
 )
-from .cost import Link
 
 __all__ = ["REGISTRY", "Choice", "choose", "table"]
 
@@ -81,7 +81,9 @@ def choose(
                         f"UNISON_ALGO forces {collective}:{forced}, which cannot serve "
                         f"{p} ranks x {nbytes} bytes"
                     )
-                return Choice(collective, forced, mod, mod.cost(p, nbytes, link), True)
+                return Choice(
+                    collective, forced, mod, link.overhead + mod.cost(p, nbytes, link), True
+                )
         raise UnsupportedError(
             f"UNISON_ALGO names {collective}:{forced}; known {collective} algorithms: "
             f"{', '.join(_names(collective))}"
@@ -94,7 +96,7 @@ def _cheapest(collective: str, p: int, nbytes: int, link: Link) -> Choice:
     best: Choice | None = None
     for mod in REGISTRY[collective]:
         if mod.supports(p, nbytes):
-            t = mod.cost(p, nbytes, link)
+            t = link.overhead + mod.cost(p, nbytes, link)
             if best is None or t < best.predicted:
                 best = Choice(collective, mod.NAME, mod, t, False)
     assert best is not None, collective

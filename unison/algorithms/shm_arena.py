@@ -22,31 +22,16 @@ same order on every rank); other groups run the ring algorithms.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import UnsupportedError
+from ..link import SLOT_BYTES, Link, SharedLink
 from ._context import OpContext
-from .cost import Link
 
 __all__ = ["SLOT_BYTES", "Arena", "SharedLink", "arena_of", "rounds", "sync"]
 
-#: bytes of each rank's slot (two halves of SLOT_BYTES / 2 alternate between rounds)
-SLOT_BYTES = 8 << 20
 _EMPTY = np.empty(0, np.uint8)
-
-
-@dataclass(frozen=True)
-class SharedLink(Link):
-    """A link model for a job whose ranks all share one host (direct algorithms apply).
-
-    ``copy``: seconds per byte of one local memory copy (the direct algorithms'
-    data movement, as opposed to ``beta``, a message through a transport ring).
-    """
-
-    copy: float = 1 / 8e9
-    half: int = SLOT_BYTES // 2
 
 
 def rounds(n: int, link: Link) -> int:

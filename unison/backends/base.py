@@ -1,15 +1,9 @@
-"""The seam between validation and the engine that moves bytes.
+"""What the external engines (``mpi``, ``torch``) share: the runtime of a job whose
+bytes move on such an engine, and the Work over an engine request.
 
-:mod:`unison.comm.collectives` validates every argument and then hands *validated*
-buffers to a :class:`Backend`: one method per collective and per p2p direction.
-The native engine (unison's own transports and algorithms) is the default; the
-``mpi`` and ``torch`` backends run every operation on mpi4py or torch.distributed.
-
-A backend sees group ranks for roots, global ranks for p2p peers, flat numpy views
-(:class:`unison.buffers.Buffer`) for buffers, and returns a :class:`Work` when
-``async_op`` is true (blocking calls wait on that same Work, so one deadline logic
-serves both). :class:`BackendRuntime` stands in for the native runtime: identity,
-world and groups, with the bytes moved by the backend.
+The seam itself, :class:`unison.comm.backend.Backend`, lives in ``comm``.
+:class:`BackendRuntime` stands in for the native runtime: identity, world and
+groups, with the bytes moved by the backend.
 """
 
 from __future__ import annotations
@@ -17,12 +11,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from .._types import ReduceOp
-from ..buffers import Buffer
 from ..comm.work import Work
 from ..errors import (
     CollectiveTimeoutError,
@@ -32,90 +22,11 @@ from ..errors import (
 )
 
 if TYPE_CHECKING:
+    from ..comm.backend import Backend
     from ..comm.communicator import Communicator
     from ..config import Config
 
-__all__ = ["Backend", "BackendRuntime", "PollWork", "comm_error", "finish"]
-
-
-class Backend(Protocol):
-    """What an engine implements; every argument has been validated already."""
-
-    name: str
-
-    def broadcast(self, comm: Communicator, b: Buffer, root: int, async_op: bool) -> Work | None:
-        """Copy group rank ``root``'s ``b`` into every rank's ``b``."""
-
-    def all_reduce(
-        self, comm: Communicator, b: Buffer, op: ReduceOp, async_op: bool
-    ) -> Work | None:
-        """Reduce ``b`` in place over the group."""
-
-    def reduce(
-        self, comm: Communicator, b: Buffer, root: int, op: ReduceOp, async_op: bool
-    ) -> Work | None:
-        """Reduce ``b`` into group rank ``root``'s ``b``; others stay unchanged."""
-
-    def all_gather(
-        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], async_op: bool, result: Any
-    ) -> Work | None:
-        """``outs[i]`` gets group rank i's ``b`` on every rank."""
-
-    def gather(
-        self,
-        comm: Communicator,
-        b: Buffer,
-        outs: list[np.ndarray] | None,
-        root: int,
-        async_op: bool,
-    ) -> Work | None:
-        """``outs[i]`` on ``root`` gets group rank i's ``b`` (``outs`` is None elsewhere)."""
-
-    def scatter(
-        self,
-        comm: Communicator,
-        b: Buffer,
-        ins: list[np.ndarray] | None,
-        root: int,
-        async_op: bool,
-    ) -> Work | None:
-        """Group rank i's ``b`` gets ``ins[i]`` from ``root``."""
-
-    def reduce_scatter(
-        self,
-        comm: Communicator,
-        out: Buffer,
-        ins: list[np.ndarray],
-        op: ReduceOp,
-        async_op: bool,
-    ) -> Work | None:
-        """Group rank i's ``out`` gets the reduction of every rank's ``ins[i]``."""
-
-    def all_to_all(
-        self,
-        comm: Communicator,
-        outs: list[np.ndarray],
-        ins: list[np.ndarray],
-        async_op: bool,
-        result: Any,
-        ref: Buffer | None = None,
-    ) -> Work | None:
-        """``ins[j]`` goes to group rank j, which receives it into its ``outs[me]``."""
-
-    def barrier(self, comm: Communicator, async_op: bool) -> Work | None:
-        """Return when every member has entered."""
-
-    def isend(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
-        """Start sending ``b`` to global rank ``peer``."""
-
-    def irecv(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
-        """Start receiving from global rank ``peer`` into ``b``."""
-
-    def new_group(self, gid: int, ranks: Sequence[int]) -> None:
-        """Make the engine's communicator for group ``gid`` (collective over the world)."""
-
-    def close(self) -> None:
-        """Release the engine's resources (communicators, process groups)."""
+__all__ = ["BackendRuntime", "PollWork", "comm_error"]
 
 
 class PollWork(Work):
@@ -195,14 +106,6 @@ class PollWork(Work):
                 return True
 
 
-def finish(work: Work, async_op: bool) -> Work | None:
-    """Return ``work`` for an async call, else wait for it (raising its error)."""
-    if async_op:
-        return work
-    work.wait()
-    return None
-
-
 class BackendRuntime:
     """The runtime of a job whose bytes move on an external engine.
 
@@ -254,11 +157,6 @@ class BackendRuntime:
         self.groups[gid] = comm
         return comm
 
-    @property
-    def router(self) -> _P2PRouter:
-        """What :meth:`Communicator.isend`/``irecv`` post to: the backend's p2p."""
-        return _P2PRouter(self)
-
     def report_failure(self, text: str) -> None:
         """Failures are reported by the engine's own launcher (mpirun, torchrun)."""
 
@@ -266,46 +164,6 @@ class BackendRuntime:
         for comm in list(self.groups.values()):
             comm.close()
         self.backend.close()
-
-
-class _Request:
-    """A backend p2p Work seen as a transport request (``wait(timeout) -> bool``)."""
-
-    def __init__(self, work: Work, peer: int) -> None:
-        self.work = work
-        self.peer = peer
-
-    def wait(self, timeout: float) -> bool:
-        if not self.work._wait_done(timeout):
-            return False
-        err = self.work._error
-        if err is not None:
-            raise err if isinstance(err, CommunicationError) else CommunicationError(str(err))
-        return True
-
-
-class _P2PRouter:
-    """Routes :class:`Communicator`'s own ``isend``/``irecv`` (used by unison.ps) to the
-    backend: the key is (kind, group id, 0, tag), the payload a byte view."""
-
-    def __init__(self, rt: BackendRuntime) -> None:
-        self.rt = rt
-
-    def _buffer(self, arr: np.ndarray) -> Buffer:
-        from ..buffers import DType
-
-        return Buffer(arr.view(np.uint8).reshape(-1), DType.UINT8, arr)
-
-    def isend(self, peer: int, key: Any, data: np.ndarray, sig: Any, deadline: float) -> _Request:
-        comm = self.rt.groups[int(key[1])]
-        return _Request(self.rt.backend.isend(comm, self._buffer(data), peer, int(key[3])), peer)
-
-    def irecv(self, peer: int, key: Any, data: np.ndarray, sig: Any) -> _Request:
-        comm = self.rt.groups[int(key[1])]
-        return _Request(self.rt.backend.irecv(comm, self._buffer(data), peer, int(key[3])), peer)
-
-    def cancel(self, peer: int, req: Any) -> None:
-        """Engines cannot withdraw a posted receive portably; it ends at its deadline."""
 
 
 def comm_error(backend: str, name: str, exc: BaseException) -> CommunicationError:

@@ -19,7 +19,7 @@ from .._types import ReduceOp
 from ..buffers import Buffer, DType, finalize_average
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
-from .base import BackendRuntime, PollWork, comm_error, finish
+from .base import BackendRuntime, PollWork, comm_error
 
 if TYPE_CHECKING:
     from ..comm.communicator import Communicator
@@ -40,6 +40,7 @@ def _concat(blocks: Sequence[np.ndarray]) -> np.ndarray:
 
 class MPIBackend:
     name = "mpi"
+    accepts_device_buffers = False
 
     def __init__(self, config: Config) -> None:
         try:
@@ -97,9 +98,8 @@ class MPIBackend:
         comm: Communicator,
         what: str,
         start: Callable[[], list[Any]],
-        async_op: bool,
         done: Callable[[], Any] | None = None,
-    ) -> Work | None:
+    ) -> Work:
         name = f"{what} (group {comm.id}, mpi)"
         try:
             reqs = start()
@@ -113,16 +113,14 @@ class MPIBackend:
             lambda e: comm_error("mpi", name, e),
             done,
         )
-        return finish(work, async_op)
+        return work
 
     # --- collectives -----------------------------------------------------------------------
-    def broadcast(self, comm: Communicator, b: Buffer, root: int, async_op: bool) -> Work | None:
+    def broadcast(self, comm: Communicator, b: Buffer, root: int) -> Work:
         c = self._c(comm)
-        return self._run(comm, "broadcast", lambda: [c.Ibcast(_bytes(b.array), root)], async_op)
+        return self._run(comm, "broadcast", lambda: [c.Ibcast(_bytes(b.array), root)])
 
-    def all_reduce(
-        self, comm: Communicator, b: Buffer, op: ReduceOp, async_op: bool
-    ) -> Work | None:
+    def all_reduce(self, comm: Communicator, b: Buffer, op: ReduceOp) -> Work:
         c, mop = self._c(comm), self._op(op, b)
         done = None
         if op is ReduceOp.AVG:
@@ -131,13 +129,10 @@ class MPIBackend:
             comm,
             "all_reduce",
             lambda: [c.Iallreduce(self.MPI.IN_PLACE, b.array, mop)],
-            async_op,
             done,
         )
 
-    def reduce(
-        self, comm: Communicator, b: Buffer, root: int, op: ReduceOp, async_op: bool
-    ) -> Work | None:
+    def reduce(self, comm: Communicator, b: Buffer, root: int, op: ReduceOp) -> Work:
         c, mop = self._c(comm), self._op(op, b)
         mine = comm.rank == root
 
@@ -149,11 +144,11 @@ class MPIBackend:
         done = None
         if op is ReduceOp.AVG and mine:
             done = lambda: finalize_average(b.array, b.dtype, comm.size)
-        return self._run(comm, "reduce", start, async_op, done)
+        return self._run(comm, "reduce", start, done)
 
     def all_gather(
-        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], async_op: bool, result: Any
-    ) -> Work | None:
+        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], result: Any
+    ) -> Work:
         c = self._c(comm)
         tmp = np.empty(b.nbytes * comm.size, np.uint8)
 
@@ -162,9 +157,7 @@ class MPIBackend:
                 _bytes(o)[:] = tmp[i * b.nbytes : (i + 1) * b.nbytes]
             return result
 
-        return self._run(
-            comm, "all_gather", lambda: [c.Iallgather(_bytes(b.array), tmp)], async_op, done
-        )
+        return self._run(comm, "all_gather", lambda: [c.Iallgather(_bytes(b.array), tmp)], done)
 
     def gather(
         self,
@@ -172,8 +165,7 @@ class MPIBackend:
         b: Buffer,
         outs: list[np.ndarray] | None,
         root: int,
-        async_op: bool,
-    ) -> Work | None:
+    ) -> Work:
         c = self._c(comm)
         tmp = np.empty(b.nbytes * comm.size if outs is not None else 0, np.uint8)
 
@@ -182,9 +174,7 @@ class MPIBackend:
                 _bytes(o)[:] = tmp[i * b.nbytes : (i + 1) * b.nbytes]
 
         recv = tmp if outs is not None else None
-        return self._run(
-            comm, "gather", lambda: [c.Igather(_bytes(b.array), recv, root)], async_op, done
-        )
+        return self._run(comm, "gather", lambda: [c.Igather(_bytes(b.array), recv, root)], done)
 
     def scatter(
         self,
@@ -192,13 +182,10 @@ class MPIBackend:
         b: Buffer,
         ins: list[np.ndarray] | None,
         root: int,
-        async_op: bool,
-    ) -> Work | None:
+    ) -> Work:
         c = self._c(comm)
         send = _concat(ins) if ins is not None else None
-        return self._run(
-            comm, "scatter", lambda: [c.Iscatter(send, _bytes(b.array), root)], async_op
-        )
+        return self._run(comm, "scatter", lambda: [c.Iscatter(send, _bytes(b.array), root)])
 
     def reduce_scatter(
         self,
@@ -206,8 +193,7 @@ class MPIBackend:
         out: Buffer,
         ins: list[np.ndarray],
         op: ReduceOp,
-        async_op: bool,
-    ) -> Work | None:
+    ) -> Work:
         c, mop = self._c(comm), self._op(op, out)
         send = np.concatenate(ins) if ins else np.empty(0, out.array.dtype)
         done = None
@@ -217,7 +203,6 @@ class MPIBackend:
             comm,
             "reduce_scatter",
             lambda: [c.Ireduce_scatter_block(send, out.array, mop)],
-            async_op,
             done,
         )
 
@@ -226,10 +211,9 @@ class MPIBackend:
         comm: Communicator,
         outs: list[np.ndarray],
         ins: list[np.ndarray],
-        async_op: bool,
         result: Any,
         ref: Buffer | None = None,
-    ) -> Work | None:
+    ) -> Work:
         c = self._c(comm)
         send = _concat(ins)
         scounts = [int(x.nbytes) for x in ins]
@@ -250,13 +234,12 @@ class MPIBackend:
             lambda: [
                 c.Ialltoallv([send, (scounts, sdispl), byte], [recv, (rcounts, rdispl), byte])
             ],
-            async_op,
             done,
         )
 
-    def barrier(self, comm: Communicator, async_op: bool) -> Work | None:
+    def barrier(self, comm: Communicator) -> Work:
         c = self._c(comm)
-        return self._run(comm, "barrier", lambda: [c.Ibarrier()], async_op)
+        return self._run(comm, "barrier", lambda: [c.Ibarrier()])
 
     # --- point-to-point ----------------------------------------------------------------------
     def _tag(self, tag: int) -> int:

@@ -8,6 +8,7 @@ detection and spreads failures to every member.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,6 +17,10 @@ from .._types import ReduceOp
 from ..algorithms import OpCode, OpContext, linear
 from ..algorithms import barrier_dissemination as barrier_algo
 from ..buffers import Buffer, finalize_average, kernel
+from ..comm.runtime import Runtime
+from ..config import Config
+from ..jobenv import detect_job
+from ..log import set_rank
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -23,7 +28,7 @@ if TYPE_CHECKING:
     from ..comm.communicator import Communicator
     from ..comm.work import Work
 
-__all__ = ["NATIVE", "NativeBackend"]
+__all__ = ["NATIVE", "NativeBackend", "open_runtime"]
 
 
 def _choose(comm: Communicator, coll: str, nbytes: int) -> Any:
@@ -32,19 +37,18 @@ def _choose(comm: Communicator, coll: str, nbytes: int) -> Any:
 
 class NativeBackend:
     name = "native"
+    accepts_device_buffers = False
 
-    def broadcast(self, comm: Communicator, b: Buffer, root: int, async_op: bool) -> Work | None:
+    def broadcast(self, comm: Communicator, b: Buffer, root: int) -> Work:
         algo = _choose(comm, "broadcast", b.nbytes)
 
         def body(ctx: OpContext) -> None:
             algo.run(ctx, b.array, root, ctx.seg_count(b.dtype))
 
         sig = comm.sig(OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
-        return comm.submit(OpCode.BROADCAST, sig, body, async_op)
+        return comm.submit(OpCode.BROADCAST, sig, body)
 
-    def all_reduce(
-        self, comm: Communicator, b: Buffer, op: ReduceOp, async_op: bool
-    ) -> Work | None:
+    def all_reduce(self, comm: Communicator, b: Buffer, op: ReduceOp) -> Work:
         kern = kernel(op, b.dtype)
         algo = _choose(comm, "allreduce", b.nbytes)
 
@@ -52,11 +56,9 @@ class NativeBackend:
             algo.run(ctx, b.array, kern, op, b.dtype, ctx.seg_count(b.dtype))
 
         sig = comm.sig(OpCode.ALL_REDUCE, b.dtype, b.count, redop=op)
-        return comm.submit(OpCode.ALL_REDUCE, sig, body, async_op)
+        return comm.submit(OpCode.ALL_REDUCE, sig, body)
 
-    def reduce(
-        self, comm: Communicator, b: Buffer, root: int, op: ReduceOp, async_op: bool
-    ) -> Work | None:
+    def reduce(self, comm: Communicator, b: Buffer, root: int, op: ReduceOp) -> Work:
         kern = kernel(op, b.dtype)
         algo = _choose(comm, "reduce", b.nbytes)
 
@@ -64,13 +66,14 @@ class NativeBackend:
             algo.run(ctx, b.array, root, kern, op, b.dtype, ctx.seg_count(b.dtype))
 
         sig = comm.sig(OpCode.REDUCE, b.dtype, b.count, redop=op, root=comm.ranks[root])
-        return comm.submit(OpCode.REDUCE, sig, body, async_op)
+        return comm.submit(OpCode.REDUCE, sig, body)
 
     def all_gather(
-        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], async_op: bool, result: Any
-    ) -> Work | None:
+        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], result: Any
+    ) -> Work:
         algo = _choose(comm, "allgather", b.nbytes * comm.size)
-        me = comm.require_member("all_gather")
+        me = comm.rank
+        assert me is not None
 
         def body(ctx: OpContext) -> Any:
             if not np.shares_memory(outs[me], b.array):
@@ -79,7 +82,7 @@ class NativeBackend:
             return result
 
         sig = comm.sig(OpCode.ALL_GATHER, b.dtype, b.count)
-        return comm.submit(OpCode.ALL_GATHER, sig, body, async_op)
+        return comm.submit(OpCode.ALL_GATHER, sig, body)
 
     def gather(
         self,
@@ -87,13 +90,12 @@ class NativeBackend:
         b: Buffer,
         outs: list[np.ndarray] | None,
         root: int,
-        async_op: bool,
-    ) -> Work | None:
+    ) -> Work:
         def body(ctx: OpContext) -> None:
             linear.gather(ctx, b.array, outs, root)
 
         sig = comm.sig(OpCode.GATHER, b.dtype, b.count, root=comm.ranks[root])
-        return comm.submit(OpCode.GATHER, sig, body, async_op)
+        return comm.submit(OpCode.GATHER, sig, body)
 
     def scatter(
         self,
@@ -101,13 +103,12 @@ class NativeBackend:
         b: Buffer,
         ins: list[np.ndarray] | None,
         root: int,
-        async_op: bool,
-    ) -> Work | None:
+    ) -> Work:
         def body(ctx: OpContext) -> None:
             linear.scatter(ctx, b.array, ins, root)
 
         sig = comm.sig(OpCode.SCATTER, b.dtype, b.count, root=comm.ranks[root])
-        return comm.submit(OpCode.SCATTER, sig, body, async_op)
+        return comm.submit(OpCode.SCATTER, sig, body)
 
     def reduce_scatter(
         self,
@@ -115,8 +116,7 @@ class NativeBackend:
         out: Buffer,
         ins: list[np.ndarray],
         op: ReduceOp,
-        async_op: bool,
-    ) -> Work | None:
+    ) -> Work:
         kern = kernel(op, out.dtype)
         algo = _choose(comm, "reduce_scatter", out.nbytes * comm.size)
 
@@ -126,17 +126,16 @@ class NativeBackend:
                 finalize_average(out.array, out.dtype, ctx.size)
 
         sig = comm.sig(OpCode.REDUCE_SCATTER, out.dtype, out.count, redop=op)
-        return comm.submit(OpCode.REDUCE_SCATTER, sig, body, async_op)
+        return comm.submit(OpCode.REDUCE_SCATTER, sig, body)
 
     def all_to_all(
         self,
         comm: Communicator,
         outs: list[np.ndarray],
         ins: list[np.ndarray],
-        async_op: bool,
         result: Any,
         ref: Buffer | None = None,
-    ) -> Work | None:
+    ) -> Work:
         algo = _choose(comm, "alltoall", sum(int(x.nbytes) for x in ins))
 
         def body(ctx: OpContext) -> Any:
@@ -144,21 +143,20 @@ class NativeBackend:
             return result
 
         sig = comm.sig(OpCode.ALL_TO_ALL, ref.dtype if ref is not None else 0)
-        return comm.submit(OpCode.ALL_TO_ALL, sig, body, async_op)
+        return comm.submit(OpCode.ALL_TO_ALL, sig, body)
 
-    def barrier(self, comm: Communicator, async_op: bool) -> Work | None:
+    def barrier(self, comm: Communicator) -> Work:
         def body(ctx: OpContext) -> None:
             barrier_algo.run(ctx)
 
-        return comm.submit(OpCode.BARRIER, comm.sig(OpCode.BARRIER), body, async_op)
+        return comm.submit(OpCode.BARRIER, comm.sig(OpCode.BARRIER), body)
 
     def isend(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
-        return comm.isend(b, peer, tag)
+        return comm.post_send(b, peer, tag)
 
     def irecv(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
-        w = comm.irecv(b, peer, tag)
-        w._result = b.source  # what torch.distributed's irecv Work would hold: the tensor
-        return w
+        # its result is what torch.distributed's irecv Work holds: the tensor
+        return comm.post_recv(b, peer, tag)
 
     def new_group(self, gid: int, ranks: Sequence[int]) -> None:
         """Native groups need nothing beyond their :class:`Communicator`."""
@@ -169,3 +167,29 @@ class NativeBackend:
 
 #: the one instance (stateless: state lives in the runtime and its communicators)
 NATIVE = NativeBackend()
+
+
+def open_runtime(
+    config: Config,
+    *,
+    rank: int | None = None,
+    size: int | None = None,
+    store_addr: str | tuple[str, int] | None = None,
+    secret: bytes | str | None = None,
+) -> Runtime:
+    """Join the job on unison's own engine: who we are (``unison run``, torchrun, mpirun,
+    Slurm or explicit arguments), then the store, the mesh and the world group."""
+    if isinstance(store_addr, str):
+        host, _, port = store_addr.rpartition(":")
+        store_addr = (host, int(port))
+    if isinstance(secret, str):
+        secret = bytes.fromhex(secret)
+    job = detect_job(os.environ, rank=rank, size=size, store_addr=store_addr, secret=secret)
+    set_rank(job.rank)
+    rt = Runtime(job, config, NATIVE)
+    try:
+        rt.start()
+    except BaseException:
+        rt.close()
+        raise
+    return rt

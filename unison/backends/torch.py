@@ -26,7 +26,7 @@ from .._types import ReduceOp
 from ..buffers import Buffer, DType, finalize_average, is_torch_tensor
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
-from .base import BackendRuntime, PollWork, comm_error, finish
+from .base import BackendRuntime, PollWork, comm_error
 
 if TYPE_CHECKING:
     from ..comm.communicator import Communicator
@@ -168,10 +168,9 @@ class TorchBackend:
         comm: Communicator,
         what: str,
         start: Callable[[], list[Any]],
-        async_op: bool,
         done: Callable[[], Any] | None = None,
         p2p: bool = False,
-    ) -> Work | None:
+    ) -> Work:
         name = what if p2p else f"{what} (group {comm.id}, torch)"
         try:
             works = [w for w in start() if w is not None]
@@ -214,7 +213,7 @@ class TorchBackend:
                 w.wait()  # bounded by the process group's timeout (the job's)
 
         work = PollWork(name, test, self.timeout, lambda e: self._error(name, e), done, block)
-        return finish(work, async_op)
+        return work
 
     def _error(self, name: str, exc: BaseException) -> BaseException:
         if _unsupported(exc):
@@ -222,11 +221,9 @@ class TorchBackend:
         return comm_error("torch", name, exc)
 
     # --- collectives -----------------------------------------------------------------------
-    def broadcast(self, comm: Communicator, b: Buffer, root: int, async_op: bool) -> Work | None:
+    def broadcast(self, comm: Communicator, b: Buffer, root: int) -> Work:
         t, g, src = self._raw(b), self._g(comm), comm.ranks[root]
-        return self._run(
-            comm, "broadcast", lambda: [self.dist.broadcast(t, src, g, async_op=True)], async_op
-        )
+        return self._run(comm, "broadcast", lambda: [self.dist.broadcast(t, src, g, async_op=True)])
 
     def _avg(self, comm: Communicator, b: Buffer, op: ReduceOp, t: Any) -> Callable[[], Any]:
         def done() -> None:
@@ -240,9 +237,7 @@ class TorchBackend:
 
         return done
 
-    def all_reduce(
-        self, comm: Communicator, b: Buffer, op: ReduceOp, async_op: bool
-    ) -> Work | None:
+    def all_reduce(self, comm: Communicator, b: Buffer, op: ReduceOp) -> Work:
         t, g, rop = self._buf(b), self._g(comm), self._op(op, b)
         w = self._wide(t)
         avg = self._avg(comm, b, op, t)
@@ -256,13 +251,10 @@ class TorchBackend:
             comm,
             "all_reduce",
             lambda: [self.dist.all_reduce(w, rop, g, async_op=True)],
-            async_op,
             done,
         )
 
-    def reduce(
-        self, comm: Communicator, b: Buffer, root: int, op: ReduceOp, async_op: bool
-    ) -> Work | None:
+    def reduce(self, comm: Communicator, b: Buffer, root: int, op: ReduceOp) -> Work:
         g, rop, dst = self._g(comm), self._op(op, b), comm.ranks[root]
         mine = comm.rank == root
         t = self._buf(b)
@@ -279,20 +271,18 @@ class TorchBackend:
             comm,
             "reduce",
             lambda: [self.dist.reduce(w, dst, rop, g, async_op=True)],
-            async_op,
             done,
         )
 
     def all_gather(
-        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], async_op: bool, result: Any
-    ) -> Work | None:
+        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], result: Any
+    ) -> Work:
         g, t = self._g(comm), self._raw(b)
         ts = [self._t(o.view(np.uint8), DType.UINT8) for o in outs]
         return self._run(
             comm,
             "all_gather",
             lambda: [self.dist.all_gather(ts, t, g, async_op=True)],
-            async_op,
             lambda: result,
         )
 
@@ -302,13 +292,10 @@ class TorchBackend:
         b: Buffer,
         outs: list[np.ndarray] | None,
         root: int,
-        async_op: bool,
-    ) -> Work | None:
+    ) -> Work:
         g, t, dst = self._g(comm), self._raw(b), comm.ranks[root]
         ts = None if outs is None else [self._t(o.view(np.uint8), DType.UINT8) for o in outs]
-        return self._run(
-            comm, "gather", lambda: [self.dist.gather(t, ts, dst, g, async_op=True)], async_op
-        )
+        return self._run(comm, "gather", lambda: [self.dist.gather(t, ts, dst, g, async_op=True)])
 
     def scatter(
         self,
@@ -316,13 +303,10 @@ class TorchBackend:
         b: Buffer,
         ins: list[np.ndarray] | None,
         root: int,
-        async_op: bool,
-    ) -> Work | None:
+    ) -> Work:
         g, t, src = self._g(comm), self._raw(b), comm.ranks[root]
         ts = None if ins is None else [self._t(i.view(np.uint8), DType.UINT8) for i in ins]
-        return self._run(
-            comm, "scatter", lambda: [self.dist.scatter(t, ts, src, g, async_op=True)], async_op
-        )
+        return self._run(comm, "scatter", lambda: [self.dist.scatter(t, ts, src, g, async_op=True)])
 
     def reduce_scatter(
         self,
@@ -330,8 +314,7 @@ class TorchBackend:
         out: Buffer,
         ins: list[np.ndarray],
         op: ReduceOp,
-        async_op: bool,
-    ) -> Work | None:
+    ) -> Work:
         # Gloo has no reduce_scatter: all-reduce the concatenation, keep this rank's block.
         g, rop = self._g(comm), self._op(op, out)
         whole = self._wide(self._t(np.concatenate(ins) if ins else out.array[:0].copy(), out.dtype))
@@ -346,7 +329,6 @@ class TorchBackend:
             comm,
             "reduce_scatter",
             lambda: [self.dist.all_reduce(whole, rop, g, async_op=True)],
-            async_op,
             done,
         )
 
@@ -355,10 +337,9 @@ class TorchBackend:
         comm: Communicator,
         outs: list[np.ndarray],
         ins: list[np.ndarray],
-        async_op: bool,
         result: Any,
         ref: Buffer | None = None,
-    ) -> Work | None:
+    ) -> Work:
         # one all_to_all_single on bytes serves lists and uneven splits alike
         g = self._g(comm)
         send = self.torch.from_numpy(np.concatenate([x.view(np.uint8) for x in ins]))
@@ -378,23 +359,20 @@ class TorchBackend:
             comm,
             "all_to_all",
             lambda: [self.dist.all_to_all_single(recv, send, rsz, ssz, g, async_op=True)],
-            async_op,
             done,
         )
 
-    def barrier(self, comm: Communicator, async_op: bool) -> Work | None:
+    def barrier(self, comm: Communicator) -> Work:
         g = self._g(comm)
-        return self._run(comm, "barrier", lambda: [self.dist.barrier(g, async_op=True)], async_op)
+        return self._run(comm, "barrier", lambda: [self.dist.barrier(g, async_op=True)])
 
     # --- point-to-point ----------------------------------------------------------------------
     def isend(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
         t = self._t(b.array.view(np.uint8), DType.UINT8)
         name = f"send to rank {peer} (tag {tag}, torch)"
-        w = self._run(
-            comm, name, lambda: [self.dist.isend(t, peer, self._g(comm), tag)], True, p2p=True
+        return self._run(
+            comm, name, lambda: [self.dist.isend(t, peer, self._g(comm), tag)], p2p=True
         )
-        assert w is not None
-        return w
 
     def irecv(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
         t = self._t(b.array.view(np.uint8), DType.UINT8)
@@ -404,13 +382,11 @@ class TorchBackend:
                 comm,
                 name,
                 lambda: [self.dist.irecv(t, peer, self._g(comm), tag)],
-                True,
                 lambda: b.source,
                 p2p=True,
             )
         except Exception as exc:
             raise MismatchError(f"{name}: {exc}", op=name, ranks=(peer,)) from exc
-        assert w is not None
         return w
 
     # --- groups ----------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Literal, overload
 
 from .._types import BufferLike, ReduceOp
+from ..world import current
 from . import collectives as _c
 from .communicator import Communicator as Group
-from .runtime import current
 from .work import Work
 
 __all__ = [
@@ -103,16 +103,12 @@ def recv(buf: BufferLike, src: int, tag: int = 0, group: Group | None = None) ->
 
 def isend(buf: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start sending ``buf`` to ``dst``; do not modify ``buf`` until the Work completes."""
-    g = _g(group)
-    b, peer = g._p2p_args(buf, dst, tag, "send", writable=False)
-    return _c.engine(g).isend(g, b, peer, int(tag))
+    return _g(group).isend(buf, dst, tag)
 
 
 def irecv(buf: BufferLike, src: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start receiving from ``src`` into ``buf``."""
-    g = _g(group)
-    b, peer = g._p2p_args(buf, src, tag, "recv", writable=True)
-    return _c.engine(g).irecv(g, b, peer, int(tag))
+    return _g(group).irecv(buf, src, tag)
 
 
 @overload

@@ -12,19 +12,15 @@ get a :class:`MismatchError`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .._types import ReduceOp
-from ..backends.native import NATIVE
 from ..buffers import Buffer, as_buffer, check_op
 from ..errors import InvalidArgumentError
 from .communicator import Communicator
 from .work import Work
-
-if TYPE_CHECKING:
-    from ..backends.base import Backend
 
 __all__ = [
     "all_gather",
@@ -34,7 +30,7 @@ __all__ = [
     "all_to_all_single",
     "barrier",
     "broadcast",
-    "engine",
+    "issue",
     "gather",
     "reduce",
     "reduce_scatter",
@@ -76,10 +72,15 @@ def _split(arr: np.ndarray, parts: int, each: int) -> list[np.ndarray]:
     return [arr[i * each : (i + 1) * each] for i in range(parts)]
 
 
-def _backend(comm: Communicator) -> Backend | None:
-    """The external engine of this job, or None for the native one."""
-    be: Backend | None = getattr(comm.rt, "backend", None)
-    return be
+def issue(work: Work, async_op: bool) -> Work | None:
+    """The one place that decides between returning the Work and waiting on it
+    (blocking = non-blocking + wait; an engine may run a blocking call inline)."""
+    if async_op:
+        work._start(False)
+        return work
+    work._start(True)
+    work.wait()
+    return None
 
 
 def _as(
@@ -87,20 +88,15 @@ def _as(
 ) -> Buffer:
     """:func:`as_buffer`; ``device``: a whole-buffer operation that lets GPU tensors
     through when the group's engine moves device memory itself (torch/NCCL)."""
-    ok = device and bool(getattr(engine(comm), "accepts_device_buffers", False))
+    ok = device and comm.backend.accepts_device_buffers
     return as_buffer(obj, what, writable=writable, device_ok=ok)
-
-
-def engine(comm: Communicator) -> Backend:
-    """The engine that runs this group's operations."""
-    return _backend(comm) or NATIVE
 
 
 def broadcast(comm: Communicator, buf: Any, src: int, async_op: bool) -> Work | None:
     comm.require_member("broadcast")
     b = _as(comm, buf, "broadcast buffer", device=True)
     root = comm.group_rank(src, "src")
-    return engine(comm).broadcast(comm, b, root, async_op)
+    return issue(comm.backend.broadcast(comm, b, root), async_op)
 
 
 def all_reduce(comm: Communicator, buf: Any, op: Any, async_op: bool) -> Work | None:
@@ -108,7 +104,7 @@ def all_reduce(comm: Communicator, buf: Any, op: Any, async_op: bool) -> Work | 
     b = _as(comm, buf, "all_reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
-    return engine(comm).all_reduce(comm, b, rop, async_op)
+    return issue(comm.backend.all_reduce(comm, b, rop), async_op)
 
 
 def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> Work | None:
@@ -117,13 +113,13 @@ def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> W
     rop = _op(op)
     check_op(rop, b.dtype)
     root = comm.group_rank(dst, "dst")
-    return engine(comm).reduce(comm, b, root, rop, async_op)
+    return issue(comm.backend.reduce(comm, b, root, rop), async_op)
 
 
 def _allgather_submit(
     comm: Communicator, b: Buffer, blocks: list[np.ndarray], async_op: bool, result: Any
 ) -> Work | None:
-    return engine(comm).all_gather(comm, b, blocks, async_op, result)
+    return issue(comm.backend.all_gather(comm, b, blocks, result), async_op)
 
 
 def all_gather(comm: Communicator, out_list: Any, buf: Any, async_op: bool) -> Work | None:
@@ -163,7 +159,7 @@ def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int, async_op: b
     root = comm.group_rank(dst, "dst")
     outs = _rooted_list(comm, gather_list, "gather_list", b, me == root, writable=True)
     blocks = None if outs is None else [o.array for o in outs]
-    return engine(comm).gather(comm, b, blocks, root, async_op)
+    return issue(comm.backend.gather(comm, b, blocks, root), async_op)
 
 
 def scatter(
@@ -174,7 +170,7 @@ def scatter(
     root = comm.group_rank(src, "src")
     ins = _rooted_list(comm, scatter_list, "scatter_list", b, me == root, writable=False)
     blocks = None if ins is None else [i.array for i in ins]
-    return engine(comm).scatter(comm, b, blocks, root, async_op)
+    return issue(comm.backend.scatter(comm, b, blocks, root), async_op)
 
 
 def _reduce_scatter_submit(
@@ -182,7 +178,7 @@ def _reduce_scatter_submit(
 ) -> Work | None:
     rop = _op(op)
     check_op(rop, o.dtype)
-    return engine(comm).reduce_scatter(comm, o, blocks, rop, async_op)
+    return issue(comm.backend.reduce_scatter(comm, o, blocks, rop), async_op)
 
 
 def reduce_scatter(
@@ -218,7 +214,7 @@ def _alltoall_submit(
     async_op: bool,
     result: Any,
 ) -> Work | None:
-    return engine(comm).all_to_all(comm, outs, ins, async_op, result, ref)
+    return issue(comm.backend.all_to_all(comm, outs, ins, result, ref), async_op)
 
 
 def all_to_all(comm: Communicator, out_list: Any, in_list: Any, async_op: bool) -> Work | None:
@@ -278,4 +274,4 @@ def all_to_all_single(
 
 def barrier(comm: Communicator, async_op: bool) -> Work | None:
     comm.require_member("barrier")
-    return engine(comm).barrier(comm, async_op)
+    return issue(comm.backend.barrier(comm), async_op)

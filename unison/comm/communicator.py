@@ -32,6 +32,7 @@ from .engine import Engine
 from .work import RequestWork, Work
 
 if TYPE_CHECKING:
+    from .backend import Backend
     from .runtime import Runtime
 
 __all__ = ["Communicator"]
@@ -53,6 +54,8 @@ class Communicator:
         self.ranks: tuple[int, ...] = tuple(ranks)
         self.size = len(self.ranks)
         self.rank: int | None = self.ranks.index(rt.rank) if rt.rank in self.ranks else None
+        #: the engine that runs this group's operations (chosen once, at init)
+        self.backend: Backend = rt.backend
         self.engine = Engine(f"group-{gid}")
         self._lock = threading.Lock()
         self._seq = 0
@@ -93,26 +96,27 @@ class Communicator:
         return OpSig(int(op), int(dtype), int(redop), int(root), int(count))
 
     # --- running collectives -------------------------------------------------------------
-    def submit(
-        self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any], async_op: bool
-    ) -> Work | None:
-        me = self.require_member(op.label)
+    def submit(self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any]) -> Work:
+        """Number the operation now (issue order) and return its Work; it runs when the
+        shared layer starts the Work (inline in the caller's thread if blocking and idle)."""
+        me = self.rank
+        assert me is not None  # members only: the shared layer checked
         hook = self.rt.op_hook
         if hook is not None:  # fault injection in tests: runs in the caller's thread
             hook(self, self._seq + 1, op)
         with self._lock:
             self._seq += 1
             seq = self._seq
-        work = Work(f"{op.label} #{seq} (group {self.id})")
+
+        def launch(inline: bool) -> None:
+            self.engine.run(task, inline=inline)
+
+        work = Work(f"{op.label} #{seq} (group {self.id})", launch)
 
         def task() -> None:
             self._execute(seq, me, op, sig, body, work)
 
-        self.engine.run(task, inline=not async_op)
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return work
 
     def _execute(
         self,
@@ -311,9 +315,10 @@ class Communicator:
             ctx.abort(exc)
 
     # --- point-to-point ----------------------------------------------------------------------
-    def _p2p_args(
+    def p2p_args(
         self, buf: Any, peer: int, tag: int, what: str, writable: bool
     ) -> tuple[Buffer, int]:
+        """Validate a send/recv once: membership, buffer, peer (a global rank), tag."""
         self.require_member(what)
         b = as_buffer(buf, what, writable=writable)
         self.group_rank(peer, "dst" if what == "send" else "src")
@@ -328,7 +333,17 @@ class Communicator:
         return b, int(peer)
 
     def isend(self, buf: Any, dst: int, tag: int = 0) -> Work:
-        b, peer = self._p2p_args(buf, dst, tag, "send", writable=False)
+        """Start sending ``buf`` to global rank ``dst`` on this group's engine."""
+        b, peer = self.p2p_args(buf, dst, tag, "send", writable=False)
+        return self.backend.isend(self, b, peer, int(tag))
+
+    def irecv(self, buf: Any, src: int, tag: int = 0) -> Work:
+        """Start receiving from global rank ``src`` into ``buf`` on this group's engine."""
+        b, peer = self.p2p_args(buf, src, tag, "recv", writable=True)
+        return self.backend.irecv(self, b, peer, int(tag))
+
+    def post_send(self, b: Buffer, peer: int, tag: int) -> Work:
+        """The native engine's send of a validated buffer."""
         sig = self.sig(OpCode.P2P, b.dtype, b.count)
         cfg = self.rt.config
         deadline = time.monotonic() + cfg.timeout
@@ -338,8 +353,8 @@ class Communicator:
         name = f"send to rank {peer} (tag {tag})"
         return RequestWork(name, req, deadline, cfg.timeout, self._p2p_error(name))
 
-    def irecv(self, buf: Any, src: int, tag: int = 0) -> Work:
-        b, peer = self._p2p_args(buf, src, tag, "recv", writable=True)
+    def post_recv(self, b: Buffer, peer: int, tag: int) -> Work:
+        """The native engine's receive into a validated buffer."""
         sig = self.sig(OpCode.P2P, b.dtype, b.count)
         cfg = self.rt.config
         deadline = time.monotonic() + cfg.timeout
@@ -353,7 +368,7 @@ class Communicator:
             deadline,
             cfg.timeout,
             self._p2p_error(name, sig),
-            buf,
+            b.source,
             cancel=lambda r: self.rt.router.cancel(peer, r),
         )
 

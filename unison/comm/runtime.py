@@ -1,44 +1,39 @@
-"""The process-wide runtime: job identity, store, transports, groups.
+"""The native engine's runtime: job identity, store, transports, groups.
 
-``init()`` reads who we are (``unison run``, torchrun, mpirun, Slurm or explicit
-arguments), connects to the rendezvous store, exchanges addresses once, connects
-every pair of ranks, and creates the world group. ``shutdown()`` undoes all of it.
+:meth:`Runtime.start` connects to the rendezvous store, exchanges addresses once,
+connects every pair of ranks, and creates the world group; :meth:`Runtime.close`
+undoes all of it. :mod:`unison.world` creates one (``init``) and owns it.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 from ..algorithms import Choice, choose
 from ..bootstrap import advertise_address, connect_mesh
-from ..config import Config, load_config
+from ..config import Config
 from ..errors import (
     AbortedError,
     CommunicationError,
     InvalidArgumentError,
     MismatchError,
-    NotInitializedError,
     PeerLostError,
 )
-from ..jobenv import FAILURE_KEY, JobInfo, detect_job, failure_record
-from ..log import configure, get_logger, set_rank
+from ..jobenv import FAILURE_KEY, JobInfo, failure_record
+from ..log import get_logger
 from ..store import FileStore, Store, TCPStore, TCPStoreServer
 from ..transport.base import Events, Key, PeerInfo
 from ..transport.fabric import Fabric
 from ..transport.framing import OpSig
+from .backend import Backend
 from .communicator import Communicator
 
-__all__ = ["Runtime", "current", "init", "is_initialized", "shutdown"]
+__all__ = ["Runtime"]
 
 log = get_logger("runtime")
-_LOCK = threading.Lock()
-_RT: Runtime | None = None
 
 
 def _layout(infos: dict[int, PeerInfo], rank: int) -> tuple[int, int, int, int]:
@@ -53,7 +48,8 @@ def _layout(infos: dict[int, PeerInfo], rank: int) -> tuple[int, int, int, int]:
 
 
 class Runtime:
-    def __init__(self, job: JobInfo, config: Config) -> None:
+    def __init__(self, job: JobInfo, config: Config, backend: Backend) -> None:
+        self.backend = backend
         self.job = job
         self.config = config
         self.rank = job.rank
@@ -224,93 +220,3 @@ class Runtime:
             self.store.close()
         if self.server is not None:
             self.server.close()
-
-
-def current() -> Runtime:
-    rt = _RT
-    if rt is None:
-        raise NotInitializedError("unison is not initialized: call unison.init() first")
-    return rt
-
-
-def is_initialized() -> bool:
-    return _RT is not None
-
-
-_prev_hook = sys.excepthook
-
-
-def _excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-    rt = _RT
-    if rt is not None:
-        rt.report_failure(f"{tp.__name__}: {value}")
-    _prev_hook(tp, value, tb)
-
-
-def init(
-    *,
-    rank: int | None = None,
-    size: int | None = None,
-    store_addr: str | tuple[str, int] | None = None,
-    secret: bytes | str | None = None,
-    timeout: float | None = None,
-    backend: str | None = None,
-) -> None:
-    """Join the job. Idempotent: a second call while initialized does nothing.
-
-    ``backend`` (default ``UNISON_BACKEND``, else ``"native"``) picks the engine that
-    moves the bytes: ``"mpi"`` (mpi4py, under mpirun/srun) or ``"torch"``
-    (torch.distributed: Gloo for CPU, NCCL for CUDA tensors).
-    """
-    global _RT
-    with _LOCK:
-        if _RT is not None:
-            return
-        cfg = load_config()
-        if timeout is not None:
-            if timeout <= 0:
-                raise InvalidArgumentError(f"timeout must be > 0, got {timeout}")
-            cfg = cfg.replace(timeout=float(timeout))
-        if backend is not None:
-            from ..backends import BACKENDS
-
-            if backend not in BACKENDS:
-                raise InvalidArgumentError(
-                    f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}"
-                )
-            cfg = cfg.replace(backend=backend)
-        if cfg.backend != "native":
-            from ..backends import open_runtime
-
-            configure(cfg.log_level)
-            brt = open_runtime(cfg.backend, cfg)
-            set_rank(brt.rank)
-            _RT = brt  # type: ignore[assignment]
-            sys.excepthook = _excepthook
-            return
-        if isinstance(store_addr, str):
-            host, _, port = store_addr.rpartition(":")
-            store_addr = (host, int(port))
-        if isinstance(secret, str):
-            secret = bytes.fromhex(secret)
-        job = detect_job(os.environ, rank=rank, size=size, store_addr=store_addr, secret=secret)
-        configure(cfg.log_level)
-        set_rank(job.rank)
-        rt = Runtime(job, cfg)
-        try:
-            rt.start()
-        except BaseException:
-            rt.close()
-            raise
-        _RT = rt
-        sys.excepthook = _excepthook
-
-
-def shutdown() -> None:
-    """Leave the job: close connections, stop threads, release the store."""
-    global _RT
-    with _LOCK:
-        rt, _RT = _RT, None
-        if rt is not None:
-            sys.excepthook = _prev_hook
-            rt.close()

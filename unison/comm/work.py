@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import CollectiveTimeoutError, CommunicationError
@@ -23,14 +24,24 @@ class Work:
     own deadline). ``is_completed()`` and ``exception()`` never block.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, launch: Callable[[bool], None] | None = None) -> None:
         self.name = name
+        #: starts the operation (``launch(inline)``); None once started or if it runs already
+        self._launch = launch
         self._done = False
         self._event: threading.Event | None = None  # made only if someone must block
         self._error: BaseException | None = None
         self._result: Any = None
 
-    # --- completion (called by the engine) --------------------------------------------
+    # --- start and completion (called by the shared layer and the engine) -----------
+    def _start(self, inline: bool) -> None:
+        """Start the operation if it has not started: ``inline`` lets an idle engine run a
+        call that will be waited on at once in the caller's thread."""
+        launch = self._launch
+        if launch is not None:
+            self._launch = None
+            launch(inline)
+
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         with _LOCK:
             self._result = result
@@ -43,6 +54,8 @@ class Work:
     def _wait_done(self, timeout: float | None) -> bool:
         if self._done:
             return True
+        if self._launch is not None:
+            self._start(False)
         with _LOCK:
             if self._done:
                 return True

@@ -28,11 +28,11 @@ from typing import NoReturn
 
 from .. import config as C
 from ..comm import objects as _objects
-from ..comm.runtime import current, is_initialized
-from ..comm.runtime import init as _init_runtime
-from ..comm.runtime import shutdown as _shutdown
 from ..errors import InvalidArgumentError, MismatchError
 from ..log import get_logger
+from ..world import current, is_initialized
+from ..world import init as _init_runtime
+from ..world import shutdown as _shutdown
 from .checkpoint import load
 from .consistency import ASP, BSP, SSP, Consistency, from_key
 from .partition import DEFAULT_SPLIT_BYTES, Piece, home, layout

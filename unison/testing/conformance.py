@@ -32,9 +32,12 @@ _LONG = 30.0
 
 def fabric(expected: str) -> Fabric:
     """This rank's fabric, after checking every peer is routed by ``expected``."""
-    from ..comm.runtime import current
+    from ..comm.runtime import Runtime
+    from ..world import current
 
-    fab = current().fabric
+    rt = current()
+    assert isinstance(rt, Runtime), "the conformance cases run on the native engine"
+    fab = rt.fabric
     routes = {peer: t.name for peer, t in fab.route.items()}
     bad = {p: n for p, n in routes.items() if n != expected}
     if bad:
@@ -60,7 +63,7 @@ def _wait(req: Request, what: str, timeout: float = _LONG) -> None:
 
 
 def _rank() -> int:
-    from ..comm.runtime import current
+    from ..world import current
 
     return current().rank
 

@@ -47,10 +47,7 @@ class Events:
 class Transport(abc.ABC):
     """Framed, tag-matched messaging with a set of peers."""
 
-    name: str = "?"
-    #: α (seconds per message) and β (seconds per byte) for the cost model.
-    alpha: float = 50e-6
-    beta: float = 1 / 1.5e9
+    name: str = "?"  # its cost model is unison.link.transport_link(name)
 
     @abc.abstractmethod
     def can_connect(self, me: PeerInfo, peer: PeerInfo) -> bool:

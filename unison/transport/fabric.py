@@ -33,10 +33,10 @@ import time
 import numpy as np
 
 from ..algorithms import shm_arena
-from ..algorithms.cost import Link, TwoLevelLink
-from ..algorithms.shm_arena import Arena, SharedLink
+from ..algorithms.shm_arena import Arena
 from ..config import ENV_JOB_ID, Config
 from ..errors import CollectiveTimeoutError, UnsupportedError
+from ..link import Link, shared_link, transport_link, two_level
 from ..log import get_logger
 from . import cma
 from .base import Events, Key, PeerInfo, Transport
@@ -225,9 +225,8 @@ class Fabric:
     def link(self) -> Link:
         """The cost model's link, identical on every rank (agreed in :meth:`finish`)."""
         if self._shared_job:
-            half = shm_arena.SLOT_BYTES // 2
-            return SharedLink(ShmTransport.alpha, ShmTransport.beta, half=half)
-        flat = Link(self.tcp.alpha, self.tcp.beta)
+            return shared_link(half=shm_arena.SLOT_BYTES // 2)
+        flat = transport_link("tcp")
         if self._two_level is None and self.host_of:  # once the layout is known
             self._two_level = two_level(self.host_of, flat, self.config.transport) or flat
         return self._two_level or flat
@@ -260,29 +259,6 @@ class Fabric:
             self.arena = None
         for seg in self._segs:
             seg.unlink()
-
-
-def two_level(host_of: dict[int, str], inter: Link, transport: str) -> TwoLevelLink | None:
-    """The two-level link of a job over several hosts (None on one host). It depends
-    only on the host layout every rank learnt and on configuration, so every rank
-    computes the same one."""
-    counts: dict[str, int] = {}
-    for r in sorted(host_of):
-        counts[host_of[r]] = counts.get(host_of[r], 0) + 1
-    if len(counts) < 2:
-        return None
-    seen: set[str] = set()
-    contiguous, prev = True, None
-    for r in sorted(host_of):
-        h = host_of[r]
-        if h != prev:
-            contiguous = contiguous and h not in seen
-            seen.add(h)
-            prev = h
-    sizes = set(counts.values())
-    per_host = sizes.pop() if len(sizes) == 1 and contiguous else 0
-    intra = Link(ShmTransport.alpha, ShmTransport.beta) if transport != "tcp" else inter
-    return TwoLevelLink(inter.alpha, inter.beta, inter.gamma, intra, len(counts), per_host)
 
 
 def ring_of_peer(hello: dict[str, object], rank: int) -> int:

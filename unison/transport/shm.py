@@ -125,10 +125,6 @@ def _ring_bell(seg: Segment) -> None:
 
 class ShmTransport(MatchingTransport):
     name = "shm"
-    # Measured on the 2-core development VM (see docs/bench.md); class constants so
-    # every rank evaluates the same cost model.
-    alpha = 15e-6  # one message's Python path, both ends (a ring hop is ~1 µs of it)
-    beta = 1 / 3e9  # two copies (into and out of the ring) plus framing, pipelined
 
     def __init__(
         self,

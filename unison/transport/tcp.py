@@ -63,8 +63,6 @@ class _Conn:
 
 class TcpTransport(MatchingTransport):
     name = "tcp"
-    alpha = 40e-6
-    beta = 1 / 1.5e9
 
     def __init__(self, rank: int, events: Events, inline_bytes: int = 1 << 16) -> None:
         self.rank = rank

@@ -1,0 +1,162 @@
+"""The one link model: what the selector, every algorithm's ``cost()`` and
+``unison simulate`` evaluate.
+
+A :class:`Link` is α (seconds per message), β (seconds per byte moved), γ (seconds
+per byte reduced) and a per-call overhead (seconds every operation pays once,
+whatever the algorithm: the Python path from the API to the first send). Two
+refinements: :class:`SharedLink` (every rank on one host, so the direct
+shared-memory algorithms apply) and :class:`TwoLevelLink` (several hosts:
+inter-host α/β plus the intra-host link and the host layout).
+
+Layer: this module sits at the bottom of unison (it imports nothing of unison),
+so transports, algorithms, backends and tools may all read it.
+
+Measured values: :data:`DEFAULTS` holds the figures measured once on the
+development VM. A calibration module supplies its own with :func:`set_measured`
+(``set_measured("shm", Link(alpha=..., beta=...))``) before ``unison.init()``;
+:func:`transport_link` then answers with them. Every rank must supply the same
+values (the choice of algorithm must agree), e.g. from a file the launcher
+shares, never from a per-rank timing.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field, replace
+
+__all__ = [
+    "DEFAULTS",
+    "SLOT_BYTES",
+    "Link",
+    "SharedLink",
+    "TwoLevelLink",
+    "clear_measured",
+    "log2ceil",
+    "measured",
+    "set_measured",
+    "shared_link",
+    "transport_link",
+    "two_level",
+]
+
+#: bytes of each rank's shared-memory slot (two halves alternate between rounds)
+SLOT_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class Link:
+    """α: seconds per message; β: seconds per byte moved; γ: seconds per byte reduced;
+    ``overhead``: seconds per call, paid once whatever the algorithm."""
+
+    alpha: float = 40e-6
+    beta: float = 1 / 1.5e9
+    gamma: float = 1 / 4e9
+    overhead: float = 0.0
+
+
+@dataclass(frozen=True)
+class SharedLink(Link):
+    """Every rank of the job on one host: the direct shared-memory algorithms apply.
+
+    ``copy``: seconds per byte of one local memory copy (the direct algorithms' data
+    movement, as opposed to ``beta``, a message through a transport); ``half``: bytes
+    of one half of a rank's slot (one round of a direct algorithm moves at most that).
+    """
+
+    copy: float = 1 / 8e9
+    half: int = SLOT_BYTES // 2
+
+
+@dataclass(frozen=True)
+class TwoLevelLink(Link):
+    """A job over several hosts: ``alpha``/``beta`` are the inter-host (slowest) link, as
+    every flat algorithm assumes; ``intra`` is the link between ranks of one host.
+
+    ``hosts`` × ``per_host`` ranks, contiguous by host (``per_host`` 0: hosts hold
+    different numbers of ranks). Hierarchical algorithms use both levels.
+    """
+
+    intra: Link = field(default_factory=Link)
+    hosts: int = 1
+    per_host: int = 0
+
+
+#: per transport, measured on the 2-core development VM (see docs/bench.md)
+DEFAULTS: dict[str, Link] = {
+    # tcp: one framed message through a socket, both ends
+    "tcp": Link(alpha=40e-6, beta=1 / 1.5e9),
+    # shm: one message's Python path through a ring (a ring hop is ~1 µs of it);
+    # two copies (into and out of the ring) plus framing, pipelined
+    "shm": Link(alpha=15e-6, beta=1 / 3e9),
+}
+
+_measured: dict[str, Link] = {}
+_lock = threading.Lock()
+
+
+def set_measured(transport: str, link: Link) -> None:
+    """Use ``link`` for ``transport`` (``"tcp"``, ``"shm"``) from now on in this process
+    (a calibration module's entry point). Takes effect for jobs initialised later."""
+    if transport not in DEFAULTS:
+        raise ValueError(f"unknown transport {transport!r}; known: {', '.join(DEFAULTS)}")
+    with _lock:
+        _measured[transport] = link
+
+
+def clear_measured() -> None:
+    """Forget every measured link (back to :data:`DEFAULTS`)."""
+    with _lock:
+        _measured.clear()
+
+
+def measured() -> dict[str, Link]:
+    """The links a calibration supplied, by transport."""
+    with _lock:
+        return dict(_measured)
+
+
+def transport_link(transport: str) -> Link:
+    """The link of one transport: measured if a calibration supplied one, else default."""
+    with _lock:
+        got = _measured.get(transport)
+    return got if got is not None else DEFAULTS[transport]
+
+
+def shared_link(base: Link | None = None, half: int = SLOT_BYTES // 2) -> SharedLink:
+    """The link of a job whose ranks all share one host (``base``: the shm link)."""
+    b = transport_link("shm") if base is None else base
+    return SharedLink(b.alpha, b.beta, b.gamma, b.overhead, half=half)
+
+
+def two_level(host_of: dict[int, str], inter: Link, transport: str) -> TwoLevelLink | None:
+    """The two-level link of a job over several hosts (None on one host).
+
+    It depends only on the host layout (rank → host identity, learnt alike by every
+    rank) and on configuration (``transport``: ``"tcp"`` forces TCP within a host too),
+    so every rank computes the same one.
+    """
+    counts: dict[str, int] = {}
+    for r in sorted(host_of):
+        counts[host_of[r]] = counts.get(host_of[r], 0) + 1
+    if len(counts) < 2:
+        return None
+    seen: set[str] = set()
+    contiguous, prev = True, None
+    for r in sorted(host_of):
+        h = host_of[r]
+        if h != prev:
+            contiguous = contiguous and h not in seen
+            seen.add(h)
+            prev = h
+    sizes = set(counts.values())
+    per_host = sizes.pop() if len(sizes) == 1 and contiguous else 0
+    intra = transport_link("shm") if transport != "tcp" else inter
+    intra = replace(intra, gamma=inter.gamma)
+    return TwoLevelLink(
+        inter.alpha, inter.beta, inter.gamma, inter.overhead, intra, len(counts), per_host
+    )
+
+
+def log2ceil(p: int) -> int:
+    return max(0, math.ceil(math.log2(p))) if p > 1 else 0

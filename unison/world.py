@@ -1,0 +1,142 @@
+"""The job's world: which engine runs it, and ``init``/``current``/``shutdown``.
+
+``init()`` picks a backend from :data:`BACKENDS` by name (``backend=`` or
+``UNISON_BACKEND``, default ``native``) and opens its runtime; every group of the
+job then runs on that backend. Layer: above the backends (it imports them), below
+the public API (:mod:`unison.comm.api` asks :func:`current` for the world).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .config import Config, load_config
+from .errors import InvalidArgumentError, NotInitializedError
+from .log import configure, set_rank
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .comm.communicator import Communicator
+
+__all__ = ["BACKENDS", "World", "current", "init", "is_initialized", "shutdown"]
+
+
+class World(Protocol):
+    """What every backend's runtime offers the API (native: :class:`Runtime`)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    config: Config
+    world: Communicator
+
+    def new_group(self, ranks: Sequence[int] | None) -> Communicator: ...
+    def report_failure(self, text: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def _open_native(config: Config, **job: Any) -> World:
+    from .backends.native import open_runtime
+
+    return open_runtime(config, **job)
+
+
+def _open_mpi(config: Config, **job: Any) -> World:
+    from .backends.mpi import open_runtime
+
+    return open_runtime(config)
+
+
+def _open_torch(config: Config, **job: Any) -> World:
+    from .backends.torch import open_runtime
+
+    return open_runtime(config)
+
+
+#: backend name -> opener (``init(backend=...)`` accepts exactly these names)
+BACKENDS: dict[str, Callable[..., World]] = {
+    "native": _open_native,
+    "mpi": _open_mpi,
+    "torch": _open_torch,
+}
+
+_LOCK = threading.Lock()
+_RT: World | None = None
+
+
+def current() -> World:
+    """The runtime of the job this process joined (raises if none)."""
+    rt = _RT
+    if rt is None:
+        raise NotInitializedError("unison is not initialized: call unison.init() first")
+    return rt
+
+
+def is_initialized() -> bool:
+    return _RT is not None
+
+
+_prev_hook = sys.excepthook
+
+
+def _excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    rt = _RT
+    if rt is not None:
+        rt.report_failure(f"{tp.__name__}: {value}")
+    _prev_hook(tp, value, tb)
+
+
+def init(
+    *,
+    rank: int | None = None,
+    size: int | None = None,
+    store_addr: str | tuple[str, int] | None = None,
+    secret: bytes | str | None = None,
+    timeout: float | None = None,
+    backend: str | None = None,
+) -> None:
+    """Join the job. Idempotent: a second call while initialized does nothing.
+
+    ``backend`` (default ``UNISON_BACKEND``, else ``"native"``) picks the engine that
+    moves the bytes: ``"mpi"`` (mpi4py, under mpirun/srun) or ``"torch"``
+    (torch.distributed: Gloo for CPU, NCCL for CUDA tensors).
+    """
+    global _RT
+    with _LOCK:
+        if _RT is not None:
+            return
+        cfg = load_config()
+        if timeout is not None:
+            if timeout <= 0:
+                raise InvalidArgumentError(f"timeout must be > 0, got {timeout}")
+            cfg = cfg.replace(timeout=float(timeout))
+        name = cfg.backend if backend is None else backend
+        opener = BACKENDS.get(name)
+        if opener is None:
+            raise InvalidArgumentError(
+                f"backend must be one of {', '.join(BACKENDS)}; got {name!r}"
+            )
+        cfg = cfg.replace(backend=name)
+        configure(cfg.log_level)
+        rt = opener(cfg, rank=rank, size=size, store_addr=store_addr, secret=secret)
+        set_rank(rt.rank)
+        _RT = rt
+        sys.excepthook = _excepthook
+
+
+def shutdown() -> None:
+    """Leave the job: close connections, stop threads, release the store."""
+    global _RT
+    with _LOCK:
+        rt, _RT = _RT, None
+        if rt is not None:
+            sys.excepthook = _prev_hook
+            rt.close()
