@@ -34,9 +34,21 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
 
     # knobs pin values over the measurement
     pinned = calibrate.load({**env, "UNISON_SHM_ALPHA": "3e-6", "UNISON_CALL_OVERHEAD": "1e-5"})
-    assert pinned.shm.alpha == 3e-6 and pinned.overhead == 1e-5
+    assert pinned.shm.alpha == 3e-6 and pinned.call_overhead == 1e-5
     assert pinned.shm.beta == cal.shm.beta and pinned.tcp == cal.tcp
     assert "overrides" in pinned.source
+
+    # install hands it to the one link model that selection and cost() read
+    from unison import link as linkmodel
+
+    try:
+        assert calibrate.install({**env, "UNISON_CALL_OVERHEAD": "1e-5"}) is not None
+        shm = linkmodel.transport_link("shm")
+        assert shm.alpha == pytest.approx(cal.shm.alpha + 2 * cal.overhead)
+        assert shm.beta == cal.shm.beta and shm.overhead == 1e-5
+        assert linkmodel.shared_link().alpha == shm.alpha
+    finally:
+        linkmodel.clear_measured()
 
     # another machine (other core count) does not use this host's file
     real = calibrate.host_key()
