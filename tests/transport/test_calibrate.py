@@ -50,6 +50,14 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
     finally:
         linkmodel.clear_measured()
 
+    # measured while the machine was busy, read when it is quiet: measure again
+    assert calibrate._read(path) is not None
+    data = json.loads(path.read_text())
+    data["host"]["load"] = 100.0
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(calibrate, "_load", lambda: 0.0)
+    assert calibrate._read(path) is None
+
     # another machine (other core count) does not use this host's file
     real = calibrate.host_key()
     monkeypatch.setattr(calibrate, "host_key", lambda: {**real, "cores": real["cores"] + 1})

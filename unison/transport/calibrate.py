@@ -128,6 +128,13 @@ class Calibration:
         )
 
 
+def _load() -> float:
+    try:
+        return float(os.getloadavg()[0])
+    except OSError:
+        return 0.0
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -222,16 +229,18 @@ def _overhead() -> float:
     sig = OpSig()
     matcher = Matcher()
     view = np.zeros(2, np.float32)
-    n = 2000
-    t = time.perf_counter()
-    for i in range(n):
-        key = (1, 0, i, 0)
-        req = Request(1, key, view, sig)
-        matcher.post(req)
-        frame = unpack(pack(1, 0, i, 0, sig, 8))
-        matcher.take_posted(1, frame.key)
-        req.complete()
-    return (time.perf_counter() - t) / n
+    n, best = 400, float("inf")
+    for b in range(5):  # best of batches: a preempted batch measures the load, not us
+        t = time.perf_counter()
+        for i in range(b * n, (b + 1) * n):
+            key = (1, 0, i, 0)
+            req = Request(1, key, view, sig)
+            matcher.post(req)
+            frame = unpack(pack(1, 0, i, 0, sig, 8))
+            matcher.take_posted(1, frame.key)
+            req.complete()
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
 
 
 def _pair() -> tuple[float, float, float]:
@@ -307,7 +316,11 @@ def measure() -> Calibration:
         shm=LinkParams(shm_alpha, 2 * copy),
         tcp=LinkParams(tcp_alpha, tcp_beta),
         overhead=overhead,
-        host={**host_key(), "measured": time.strftime("%Y-%m-%d %H:%M:%S")},
+        host={
+            **host_key(),
+            "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "load": _load(),
+        },
         source=source,
     )
 
@@ -339,7 +352,12 @@ def _read(path: Path) -> Calibration | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     key = host_key()
-    return cal if all(cal.host.get(k) == v for k, v in key.items()) else None
+    if not all(cal.host.get(k) == v for k, v in key.items()):
+        return None
+    then = float(cal.host.get("load", 0.0))
+    if then > 0.5 * key["cores"] and _load() < then / 2:
+        return None  # measured on a busy machine, which is quieter now: measure again
+    return cal
 
 
 def _write(path: Path, cal: Calibration) -> None:
