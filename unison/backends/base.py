@@ -8,9 +8,10 @@ groups, with the bytes moved by the backend.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..comm.work import Work
@@ -18,7 +19,9 @@ from ..errors import (
     CollectiveTimeoutError,
     CommunicationError,
     InvalidArgumentError,
+    LaunchError,
     UnisonError,
+    UnsupportedError,
 )
 
 if TYPE_CHECKING:
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
     from ..comm.communicator import Communicator
     from ..config import Config
 
-__all__ = ["BackendRuntime", "PollWork", "comm_error"]
+__all__ = ["BackendRuntime", "PollWork", "check_launch", "comm_error"]
 
 
 class PollWork(Work):
@@ -47,8 +50,11 @@ class PollWork(Work):
         translate: Callable[[BaseException], BaseException],
         done: Callable[[], Any] | None = None,
         block: Callable[[], Any] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         super().__init__(name)
+        #: told when the engine failed or timed out (the group's state is then unknown)
+        self._on_error = on_error
         self._block = block
         self._test = test
         self._timeout = timeout
@@ -65,8 +71,8 @@ class PollWork(Work):
                 if not self._test():
                     if time.monotonic() < self._deadline:
                         return False
-                    self._finish(
-                        error=CollectiveTimeoutError(
+                    self._fail(
+                        CollectiveTimeoutError(
                             f"{self.name} did not complete within {self._timeout:g}s",
                             op=self.name,
                         )
@@ -76,10 +82,15 @@ class PollWork(Work):
             except UnisonError as exc:
                 self._finish(error=exc)
             except BaseException as exc:
-                self._finish(error=self._translate(exc))
+                self._fail(self._translate(exc))
             else:
                 self._finish(result)
             return True
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._on_error is not None and not isinstance(exc, UnsupportedError):
+            self._on_error(exc)
+        self._finish(error=exc)
 
     def _wait_done(self, timeout: float | None) -> bool:
         if self._poll():
@@ -106,10 +117,36 @@ class PollWork(Work):
                 return True
 
 
+#: how to start a job on each external engine, for the refusal below
+_HOW = {
+    "mpi": "mpirun -np {n} python SCRIPT (or srun -n {n}); `unison run` starts ranks for "
+    "the native and torch backends only",
+    "torch": "unison run -np {n} python SCRIPT, or torchrun --nproc-per-node {n} SCRIPT",
+}
+
+
+def check_launch(
+    engine: str, rank: int, size: int, environ: Mapping[str, str] = os.environ
+) -> None:
+    """Refuse when the launcher's world (``UNISON_SIZE``/``HOROVOD_SIZE``, set by
+    ``unison run`` and horovodrun) and the engine's world disagree: each process would
+    otherwise run alone and compute wrong results without an error."""
+    for var in ("UNISON_SIZE", "HOROVOD_SIZE"):
+        text = environ.get(var, "").strip()
+        if text.isdigit() and int(text) != size:
+            n = int(text)
+            how = _HOW.get(engine, "the engine's own launcher").format(n=n)
+            raise LaunchError(
+                f"rank {rank}: the launcher started {n} processes ({var}={n}) but the "
+                f"{engine} engine sees a world of {size}: the processes did not join one job. "
+                f"Start jobs on the {engine} backend with {how}"
+            )
+
+
 class BackendRuntime:
     """The runtime of a job whose bytes move on an external engine.
 
-    Offers what :class:`unison.comm.runtime.Runtime` offers the API: identity, the
+    Offers what :class:`unison.backends.native.runtime.Runtime` offers the API: identity, the
     world group, :meth:`new_group`, failure reports and :meth:`close`.
     """
 
@@ -134,7 +171,7 @@ class BackendRuntime:
         self.stuck: dict[int, tuple[int, int, str]] = {}
         self._next_gid = 1
         self._lock = threading.Lock()
-        self.world = Communicator(self, 0, range(size))  # type: ignore[arg-type]
+        self.world = Communicator(self, 0, range(size))
         self.groups[0] = self.world
 
     def new_group(self, ranks: Sequence[int] | None) -> Communicator:
@@ -153,7 +190,7 @@ class BackendRuntime:
             self._next_gid += 1
         members.sort()
         self.backend.new_group(gid, members)
-        comm = Communicator(self, gid, members)  # type: ignore[arg-type]
+        comm = Communicator(self, gid, members)
         self.groups[gid] = comm
         return comm
 

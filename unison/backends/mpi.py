@@ -19,7 +19,7 @@ from .._types import ReduceOp
 from ..buffers import Buffer, DType, finalize_average
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
-from .base import BackendRuntime, PollWork, comm_error
+from .base import BackendRuntime, PollWork, check_launch, comm_error
 
 if TYPE_CHECKING:
     from ..comm.communicator import Communicator
@@ -41,6 +41,7 @@ def _concat(blocks: Sequence[np.ndarray]) -> np.ndarray:
 class MPIBackend:
     name = "mpi"
     accepts_device_buffers = False
+    checks_signatures = False
 
     def __init__(self, config: Config) -> None:
         try:
@@ -112,6 +113,7 @@ class MPIBackend:
             self.timeout,
             lambda e: comm_error("mpi", name, e),
             done,
+            on_error=comm.mark_broken,
         )
         return work
 
@@ -307,4 +309,5 @@ class MPIBackend:
 def open_runtime(config: Config) -> BackendRuntime:
     be = MPIBackend(config)
     rank, size, local = be.identity()
+    check_launch("mpi", rank, size)
     return BackendRuntime(be, config, rank, size, local)

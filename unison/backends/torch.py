@@ -26,7 +26,7 @@ from .._types import ReduceOp
 from ..buffers import Buffer, DType, finalize_average, is_torch_tensor
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
-from .base import BackendRuntime, PollWork, comm_error
+from .base import BackendRuntime, PollWork, check_launch, comm_error
 
 if TYPE_CHECKING:
     from ..comm.communicator import Communicator
@@ -48,6 +48,7 @@ class TorchBackend:
     name = "torch"
     #: broadcast/all_reduce/reduce take CUDA tensors as they are (NCCL, no host staging)
     accepts_device_buffers = True
+    checks_signatures = False
 
     def __init__(self, config: Config) -> None:
         import torch
@@ -212,8 +213,15 @@ class TorchBackend:
             for w in works:
                 w.wait()  # bounded by the process group's timeout (the job's)
 
-        work = PollWork(name, test, self.timeout, lambda e: self._error(name, e), done, block)
-        return work
+        return PollWork(
+            name,
+            test,
+            self.timeout,
+            lambda e: self._error(name, e),
+            done,
+            block,
+            on_error=comm.mark_broken,
+        )
 
     def _error(self, name: str, exc: BaseException) -> BaseException:
         if _unsupported(exc):
@@ -391,7 +399,9 @@ class TorchBackend:
 
     # --- groups ----------------------------------------------------------------------------------
     def new_group(self, gid: int, ranks: Sequence[int]) -> None:
-        self.groups[gid] = self.dist.new_group(list(ranks))
+        # the job's timeout, as for the world: torch's default for new groups is far longer
+        td = datetime.timedelta(seconds=self.timeout)
+        self.groups[gid] = self.dist.new_group(list(ranks), timeout=td)
 
     def close(self) -> None:
         self.groups.clear()
@@ -410,6 +420,11 @@ def open_runtime(config: Config) -> BackendRuntime:
 
     be = TorchBackend(config)
     rank, size = be.start(config)
+    try:
+        check_launch("torch", rank, size)
+    except BaseException:
+        be.close()
+        raise
     names: list[Any] = [None] * size
     be.dist.all_gather_object(names, socket.gethostname())
     hosts = list(dict.fromkeys(names))

@@ -37,6 +37,9 @@ class Backend(Protocol):
     name: str
     #: whether whole-buffer collectives may pass device (GPU) tensors through
     accepts_device_buffers: bool
+    #: whether the engine itself detects ranks that disagree on an operation (native:
+    #: signatures ride in every frame); if not, the shared layer agrees first
+    checks_signatures: bool
 
     def broadcast(self, comm: Communicator, b: Buffer, root: int) -> Work:
         """Copy group rank ``root``'s ``b`` into every rank's ``b``."""

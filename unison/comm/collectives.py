@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from .._types import ReduceOp
+from ..algorithms import OpCode
 from ..buffers import Buffer, as_buffer, check_op
 from ..errors import InvalidArgumentError
+from .agree import guard
 from .communicator import Communicator
 from .work import Work
 
@@ -96,6 +98,8 @@ def broadcast(comm: Communicator, buf: Any, src: int, async_op: bool) -> Work | 
     comm.require_member("broadcast")
     b = _as(comm, buf, "broadcast buffer", device=True)
     root = comm.group_rank(src, "src")
+    if comm._broken is not None or not comm.backend.checks_signatures:
+        guard(comm, OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
     return issue(comm.backend.broadcast(comm, b, root), async_op)
 
 
@@ -104,6 +108,8 @@ def all_reduce(comm: Communicator, buf: Any, op: Any, async_op: bool) -> Work | 
     b = _as(comm, buf, "all_reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
+    if comm._broken is not None or not comm.backend.checks_signatures:
+        guard(comm, OpCode.ALL_REDUCE, b.dtype, b.count, rop)
     return issue(comm.backend.all_reduce(comm, b, rop), async_op)
 
 
@@ -113,12 +119,16 @@ def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> W
     rop = _op(op)
     check_op(rop, b.dtype)
     root = comm.group_rank(dst, "dst")
+    if comm._broken is not None or not comm.backend.checks_signatures:
+        guard(comm, OpCode.REDUCE, b.dtype, b.count, rop, comm.ranks[root])
     return issue(comm.backend.reduce(comm, b, root, rop), async_op)
 
 
 def _allgather_submit(
     comm: Communicator, b: Buffer, blocks: list[np.ndarray], async_op: bool, result: Any
 ) -> Work | None:
+    if comm._broken is not None or not comm.backend.checks_signatures:
+        guard(comm, OpCode.ALL_GATHER, b.dtype, b.count)
     return issue(comm.backend.all_gather(comm, b, blocks, result), async_op)
 
 
@@ -159,6 +169,8 @@ def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int, async_op: b
     root = comm.group_rank(dst, "dst")
     outs = _rooted_list(comm, gather_list, "gather_list", b, me == root, writable=True)
     blocks = None if outs is None else [o.array for o in outs]
+    if comm._broken is not None or not comm.backend.checks_signatures:
+        guard(comm, OpCode.GATHER, b.dtype, b.count, root=comm.ranks[root])
     return issue(comm.backend.gather(comm, b, blocks, root), async_op)
 
 
@@ -170,6 +182,8 @@ def scatter(
     root = comm.group_rank(src, "src")
     ins = _rooted_list(comm, scatter_list, "scatter_list", b, me == root, writable=False)
     blocks = None if ins is None else [i.array for i in ins]
+    if comm._broken is not None or not comm.backend.checks_signatures:
+        guard(comm, OpCode.SCATTER, b.dtype, b.count, root=comm.ranks[root])
     return issue(comm.backend.scatter(comm, b, blocks, root), async_op)
 
 
@@ -178,6 +192,8 @@ def _reduce_scatter_submit(
 ) -> Work | None:
     rop = _op(op)
     check_op(rop, o.dtype)
+    if comm._broken is not None or not comm.backend.checks_signatures:
+        guard(comm, OpCode.REDUCE_SCATTER, o.dtype, o.count, rop)
     return issue(comm.backend.reduce_scatter(comm, o, blocks, rop), async_op)
 
 
@@ -214,6 +230,8 @@ def _alltoall_submit(
     async_op: bool,
     result: Any,
 ) -> Work | None:
+    if comm._broken is not None or not comm.backend.checks_signatures:
+        guard(comm, OpCode.ALL_TO_ALL, ref.dtype)
     return issue(comm.backend.all_to_all(comm, outs, ins, result, ref), async_op)
 
 
@@ -274,4 +292,6 @@ def all_to_all_single(
 
 def barrier(comm: Communicator, async_op: bool) -> Work | None:
     comm.require_member("barrier")
+    if comm._broken is not None or not comm.backend.checks_signatures:
+        guard(comm, OpCode.BARRIER)
     return issue(comm.backend.barrier(comm), async_op)

@@ -33,7 +33,6 @@ from .work import RequestWork, Work
 
 if TYPE_CHECKING:
     from .backend import Backend
-    from .runtime import Runtime
 
 __all__ = ["Communicator"]
 
@@ -48,7 +47,9 @@ class Communicator:
     order; ``rank`` is this process's rank in the group (None for a non-member).
     """
 
-    def __init__(self, rt: Runtime, gid: int, ranks: Sequence[int]) -> None:
+    def __init__(self, rt: Any, gid: int, ranks: Sequence[int]) -> None:
+        # rt: the job's runtime (the native Runtime or an external engine's
+        # BackendRuntime, one layer up): identity, config, and the native engine's routes
         self.rt = rt
         self.id = gid
         self.ranks: tuple[int, ...] = tuple(ranks)
@@ -305,6 +306,12 @@ class Communicator:
                 if err is not None:
                     ctx.abort(err)
                     return
+
+    def mark_broken(self, exc: BaseException) -> None:
+        """An operation failed leaving the engine's state unknown: refuse later calls."""
+        with self._lock:
+            if self._broken is None:
+                self._broken = exc
 
     def peer_lost(self, exc: CommunicationError) -> None:
         with self._lock:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..backends.native.fabric import Fabric
 from ..errors import MismatchError, PeerLostError
-from ..transport.fabric import Fabric
 from ..transport.framing import Kind, OpSig
 from ..transport.request import Request
 
@@ -32,7 +32,7 @@ _LONG = 30.0
 
 def fabric(expected: str) -> Fabric:
     """This rank's fabric, after checking every peer is routed by ``expected``."""
-    from ..comm.runtime import Runtime
+    from ..backends.native.runtime import Runtime
     from ..world import current
 
     rt = current()

@@ -81,7 +81,7 @@ def _pin_malloc_threshold() -> None:
 
 def _unexpected_left() -> int:
     """Messages buffered by the transports that nobody received (a leak if > 0)."""
-    from ..comm.runtime import Runtime
+    from ..backends.native.runtime import Runtime
     from ..world import current
 
     rt = current()

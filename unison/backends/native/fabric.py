@@ -32,20 +32,20 @@ import time
 
 import numpy as np
 
-from ..algorithms import shm_arena
-from ..algorithms.shm_arena import Arena
-from ..config import ENV_JOB_ID, Config
-from ..errors import CollectiveTimeoutError, UnsupportedError
-from ..link import Link, shared_link, transport_link, two_level
-from ..log import get_logger
-from . import cma
-from .base import Events, Key, PeerInfo, Transport
-from .framing import Kind, OpSig
-from .request import Request
-from .shm import ShmTransport
-from .shm_ring import Ring
-from .shm_segment import Segment, plan
-from .tcp import TcpTransport
+from ...algorithms import shm_arena
+from ...algorithms.shm_arena import Arena
+from ...config import ENV_JOB_ID, Config
+from ...errors import CollectiveTimeoutError, UnsupportedError
+from ...link import Link, shared_link, transport_link, two_level
+from ...log import get_logger
+from ...transport import cma
+from ...transport.base import Events, Key, PeerInfo, Transport
+from ...transport.framing import Kind, OpSig
+from ...transport.request import Request
+from ...transport.shm import ShmTransport
+from ...transport.shm_ring import Ring
+from ...transport.shm_segment import Segment, plan
+from ...transport.tcp import TcpTransport
 
 __all__ = ["RING_BYTES", "Fabric"]
 
@@ -214,7 +214,7 @@ class Fabric:
             install()
             self.arena = Arena(self.rank, self._slots, len(self._slots[self.rank]))
         if log.isEnabledFor(10):  # DEBUG: the choice table every rank computes alike
-            from ..algorithms.select import table
+            from ...algorithms.select import table
 
             sizes = [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
             log.debug("algorithm choices:\n%s", table(len(peers) + 1, self.link(), sizes))

@@ -12,24 +12,24 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..algorithms import Choice, choose
-from ..bootstrap import advertise_address, connect_mesh
-from ..config import Config
-from ..errors import (
+from ...algorithms import Choice, choose
+from ...bootstrap import advertise_address, connect_mesh
+from ...comm.backend import Backend
+from ...comm.communicator import Communicator
+from ...config import Config
+from ...errors import (
     AbortedError,
     CommunicationError,
     InvalidArgumentError,
     MismatchError,
     PeerLostError,
 )
-from ..jobenv import FAILURE_KEY, JobInfo, failure_record
-from ..log import get_logger
-from ..store import FileStore, Store, TCPStore, TCPStoreServer
-from ..transport.base import Events, Key, PeerInfo
-from ..transport.fabric import Fabric
-from ..transport.framing import OpSig
-from .backend import Backend
-from .communicator import Communicator
+from ...jobenv import FAILURE_KEY, JobInfo, failure_record
+from ...log import get_logger
+from ...store import FileStore, Store, TCPStore, TCPStoreServer
+from ...transport.base import Events, Key, PeerInfo
+from ...transport.framing import OpSig
+from .fabric import Fabric
 
 __all__ = ["Runtime"]
 
@@ -100,7 +100,7 @@ class Runtime:
         if job.cross_rank is not None and job.cross_size is not None:
             self.cross_rank, self.cross_size = job.cross_rank, job.cross_size
         if cfg.faults:
-            from ..testing.faults import install
+            from ...testing.faults import install
 
             install(self, cfg.faults)
         self.world = Communicator(self, 0, range(self.size))

@@ -13,20 +13,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._types import ReduceOp
-from ..algorithms import OpCode, OpContext, linear
-from ..algorithms import barrier_dissemination as barrier_algo
-from ..buffers import Buffer, finalize_average, kernel
-from ..comm.runtime import Runtime
-from ..config import Config
-from ..jobenv import detect_job
-from ..log import set_rank
+from ..._types import ReduceOp
+from ...algorithms import OpCode, OpContext, linear
+from ...algorithms import barrier_dissemination as barrier_algo
+from ...buffers import Buffer, finalize_average, kernel
+from ...config import Config
+from ...jobenv import detect_job
+from ...log import set_rank
+from .runtime import Runtime
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ..comm.communicator import Communicator
-    from ..comm.work import Work
+    from ...comm.communicator import Communicator
+    from ...comm.work import Work
 
 __all__ = ["NATIVE", "NativeBackend", "open_runtime"]
 
@@ -38,6 +38,7 @@ def _choose(comm: Communicator, coll: str, nbytes: int) -> Any:
 class NativeBackend:
     name = "native"
     accepts_device_buffers = False
+    checks_signatures = True
 
     def broadcast(self, comm: Communicator, b: Buffer, root: int) -> Work:
         algo = _choose(comm, "broadcast", b.nbytes)
