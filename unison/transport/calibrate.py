@@ -457,7 +457,7 @@ def install(env: Mapping[str, str] | None = None) -> Calibration | None:
     except (OSError, TimeoutError) as exc:
         from ..log import get_logger
 
-        get_logger("calibrate").warning("link model not measured (%s); using defaults", exc)
+        get_logger("calibrate").debug("link model not measured (%s); using defaults", exc)
         return None
     if cal.source.startswith("defaults") and "overrides" not in cal.source:
         return None

@@ -209,7 +209,8 @@ class Fabric:
         told = self._exchange(peers, _SUMMARY, {p: {"shm": mine} for p in peers}, deadline)
         self._shared_job = mine and all(bool(told[p].get("shm")) for p in peers)
         if self._shared_job:
-            from .calibrate import install  # one host, one cache file: every rank agrees
+            # one host, one cache file: every rank installs the same measured link
+            from ...transport.calibrate import install
 
             install()
             self.arena = Arena(self.rank, self._slots, len(self._slots[self.rank]))
