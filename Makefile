@@ -3,12 +3,15 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the torch release the suite runs on (pyproject.toml's extra accepts a range)
+TORCH_VERSION ?= 2.13.0
 
 .PHONY: demo primitives test lint typecheck unit soak fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q 'torch==$(TORCH_VERSION)'
 	$(BIN)/pip install -q -e '.[dev,torch,examples]'
 	touch $(STAMP)
 

@@ -14,6 +14,7 @@ holds identical parameters, and exits non-zero otherwise.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -89,7 +90,10 @@ def main() -> int:
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 
-    show = rank == 0 and not args.no_progress
+    # a progress bar only on a terminal (under `unison run` the launcher says whether its
+    # output is one); in a file or a pipe the one line per epoch below is the progress
+    on_tty = os.environ.get("UNISON_OUTPUT_TTY", "1" if sys.stderr.isatty() else "0") == "1"
+    show = rank == 0 and not args.no_progress and on_tty
     if show:
         from tqdm import tqdm
     start = time.perf_counter()

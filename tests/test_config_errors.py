@@ -63,3 +63,22 @@ def test_public_api_is_pinned() -> None:
     assert sorted(un.__all__) == sorted(set(un.__all__))
     for name in un.__all__:
         assert hasattr(un, name), name
+
+
+def test_job_warnings_once_per_job_from_rank_0(caplog: pytest.LogCaptureFixture) -> None:
+    from unison import jobenv
+
+    jobenv._warned_unknown.clear()
+    base = {
+        "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x", "UNISON_TIMEUOT": "3",
+    }  # fmt: skip
+    with caplog.at_level("WARNING", logger="unison"):
+        jobenv.detect_job({**base, "RANK": "1", "LOCAL_RANK": "1"})
+        assert caplog.records == []  # rank 1 says nothing: rank 0 speaks for the job
+        for _ in range(2):
+            jobenv.detect_job({**base, "RANK": "0", "LOCAL_RANK": "0"})
+    texts = [r.getMessage() for r in caplog.records]
+    typo = [t for t in texts if "UNISON_TIMEUOT" in t]
+    assert typo == ["unknown variable UNISON_TIMEUOT is ignored; did you mean UNISON_TIMEOUT?"]
+    assert sum("deriving the store secret" in t for t in texts) == 2  # once per init

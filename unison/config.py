@@ -56,6 +56,7 @@ ENV_HOST_ID = "UNISON_HOST_ID"  # overrides the detected host identity
 ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob, read by job detection too
 ENV_NUM_SERVERS = "UNISON_NUM_SERVERS"  # parameter-server processes: the last N ranks
 ENV_ROLE = "UNISON_ROLE"  # "worker" or "server" (parameter server), overrides the above
+ENV_OUTPUT_TTY = "UNISON_OUTPUT_TTY"  # "1": the launcher's output is a terminal
 
 _IDENTITY = {
     ENV_RANK: "global rank of this process",
@@ -70,6 +71,8 @@ _IDENTITY = {
     ENV_HOST_ID: "host identity override (ranks with equal ids share a host)",
     ENV_NUM_SERVERS: "parameter-server processes: the last N ranks (unison run --servers N)",
     ENV_ROLE: "this process's parameter-server role, worker or server (overrides the above)",
+    ENV_OUTPUT_TTY: "set by unison run: 1 when its output is a terminal (progress bars make "
+    "sense), else 0",
 }
 
 
@@ -351,10 +354,15 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
 
 
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
-    """``UNISON_*`` variables that are neither a knob nor job identity (likely typos)."""
+    """``UNISON_*`` variables that are neither a knob nor job identity (likely typos);
+    ``UNISON_TEST_*`` is left to test suites."""
     env = os.environ if env is None else env
     known = {k.env for k in KNOBS} | set(_IDENTITY)
-    return sorted(k for k in env if k.startswith("UNISON_") and k not in known)
+    return sorted(
+        k
+        for k in env
+        if k.startswith("UNISON_") and k not in known and not k.startswith("UNISON_TEST_")
+    )
 
 
 def identity_docs() -> dict[str, str]:

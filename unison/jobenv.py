@@ -144,15 +144,35 @@ def _secret_env(env: Mapping[str, str]) -> bytes | None:
     return value
 
 
-def _derived_secret(identity: str) -> bytes:
-    _log.warning(
-        "no %s set: deriving the store secret from the job identity (%s); the store is "
-        "only as private as that identity. Export %s=<hex> on every rank for a real secret.",
-        C.ENV_SECRET,
-        identity,
-        C.ENV_SECRET,
-    )
+def _derived_secret(identity: str, warn: bool = True) -> bytes:
+    if warn:  # rank 0 only: once per job, not once per rank
+        _log.warning(
+            "no %s set: deriving the store secret from the job identity (%s); the store is "
+            "only as private as that identity. Export %s=<hex> on every rank for a real "
+            "secret.",
+            C.ENV_SECRET,
+            identity,
+            C.ENV_SECRET,
+        )
     return hashlib.sha256(b"unison-derived-secret\0" + identity.encode()).digest()
+
+
+_warned_unknown: set[str] = set()
+
+
+def warn_unknown_variables(env: Mapping[str, str]) -> None:
+    """Warn (once per process; init calls it on rank 0 only) about each ``UNISON_*``
+    variable that is no knob: a typo would otherwise silently do nothing."""
+    import difflib
+
+    known = sorted({k.env for k in C.KNOBS} | set(C.identity_docs()))
+    for name in C.unknown_variables(env):
+        if name in _warned_unknown:
+            continue
+        _warned_unknown.add(name)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else " (see `unison info --config`)"
+        _log.warning("unknown variable %s is ignored%s", name, hint)
 
 
 # -- Slurm nodelists ------------------------------------------------------------------
@@ -465,7 +485,9 @@ def detect_job(
     key = secret if secret is not None else _secret_env(env)
     if key is None and info.size > 1:
         where = f"{addr[0]}:{addr[1]}" if addr else path
-        key = _derived_secret(f"{info.source}:{job_id}:{info.size}:{where}")
+        key = _derived_secret(f"{info.source}:{job_id}:{info.size}:{where}", info.rank == 0)
+    if info.rank == 0:
+        warn_unknown_variables(env)
     if secret is not None and not secret:
         raise InvalidArgumentError("secret= must not be empty")
     return dataclasses.replace(

@@ -125,6 +125,7 @@ def _run(
 
 def _check_ok(r: subprocess.CompletedProcess[str], hosts: int, per: int) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "WARNING" not in r.stderr, r.stderr[-3000:]  # an orderly shutdown logs nothing
     lines = sorted(line for line in r.stdout.splitlines() if " OK " in line)
     assert len(lines) == hosts * per, r.stdout
     for line in lines:

@@ -4,6 +4,7 @@ forcing the hierarchical all-reduce on one host is refused clearly."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,15 @@ import pytest
 
 from unison.algorithms.select import choose, table
 from unison.errors import InvalidArgumentError
-from unison.launch.hosts import allocate, parse_hostfile, parse_hosts, remote_argv
+from unison.launch.hosts import (
+    DEFAULT_RSH,
+    allocate,
+    forwarded_environment,
+    parse_hostfile,
+    parse_hosts,
+    remote_argv,
+    ssh_template,
+)
 from unison.link import Link, TwoLevelLink, two_level
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,17 +58,37 @@ def test_allocate_fills_hosts_in_order() -> None:
         allocate([("a", 2), ("b", 3), ("c", 4)], 10)
 
 
-def test_remote_argv_forms() -> None:
-    env = {"UNISON_RANK": "3", "HOME": "/root", "PYTHONPATH": "/x y"}
-    cmd = ["python", "train.py", "--lr", "0.1"]
-    assert remote_argv("ip netns exec {host}", "ns1", cmd, env) == [
-        "ip", "netns", "exec", "ns1", "env", "PYTHONPATH=/x y", "UNISON_RANK=3", *cmd,
-    ]  # fmt: skip
-    out = remote_argv("ssh -p 2222 {host} {command}", "n1", cmd, env)
-    assert out[:4] == ["ssh", "-p", "2222", "n1"]
-    assert out[4] == "env 'PYTHONPATH=/x y' UNISON_RANK=3 python train.py --lr 0.1"
+def test_remote_argv_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/x y")
+    wrapper = ["env", "PYTHONPATH=/x y", sys.executable, "-m", "unison.launch.remote"]
+    # nothing job-specific (command, environment, secret) is on the command line
+    assert remote_argv("ip netns exec {host}", "ns1") == ["ip", "netns", "exec", "ns1", *wrapper]
+    out = remote_argv("ssh -p 2222 {host} {command}", "n1")
+    assert out[:4] == ["ssh", "-p", "2222", "n1"] and shlex.split(out[4]) == wrapper
+    out = remote_argv("/usr/bin/ssh -o BatchMode=yes {host}", "n1")  # ssh: one string
+    assert len(out) == 5 and shlex.split(out[4]) == wrapper
     with pytest.raises(InvalidArgumentError, match="host"):
-        remote_argv("ssh", "n1", cmd, env)
+        remote_argv("ssh", "n1")
+
+
+def test_forwarded_environment_deny_list_and_x() -> None:
+    env = {"PATH": "/bin", "HOSTNAME": "a", "SSH_AUTH_SOCK": "/s", "TMPDIR": "/t", "FOO": "1"}
+    assert forwarded_environment(env) == {"PATH": "/bin", "FOO": "1"}
+    assert forwarded_environment(env, ["TMPDIR"]) == {"PATH": "/bin", "FOO": "1", "TMPDIR": "/t"}
+
+
+def test_hostfile_host_colon_slots_and_oversubscribe(tmp_path: Path) -> None:
+    f = tmp_path / "hosts"
+    f.write_text("node1:2\nnode2 slots=3\n")
+    assert parse_hostfile(str(f)) == [("node1", 2), ("node2", 3)]
+    with pytest.raises(InvalidArgumentError, match="--oversubscribe"):
+        allocate([("localhost", 2)], 3)
+    slots = allocate([("a", 1), ("b", 1)], 5, oversubscribe=True)
+    assert [s.host for s in slots] == ["a", "a", "a", "b", "b"]
+    assert [(s.local_rank, s.local_size, s.cross_rank) for s in slots][2:4] == [
+        (2, 3, 0),
+        (0, 2, 1),
+    ]
 
 
 def test_two_level_link_and_choice() -> None:
@@ -86,3 +115,13 @@ def test_forced_hierarchical_on_one_host_says_why(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode != 0
     assert "UnsupportedError" in r.stderr and "needs ranks on more than one host" in r.stderr
+
+
+def test_ssh_port_and_identity_join_the_default_agent() -> None:
+    t = ssh_template(DEFAULT_RSH, 2222, "/keys/my key")
+    assert remote_argv(t, "n1")[:8] == [
+        "ssh", "-o", "BatchMode=yes", "-p", "2222", "-i", "/keys/my key", "n1",
+    ]  # fmt: skip
+    assert ssh_template(DEFAULT_RSH, None, None) == DEFAULT_RSH
+    with pytest.raises(InvalidArgumentError, match="--rsh"):
+        ssh_template("ip netns exec {host}", 22, None)

@@ -73,3 +73,32 @@ def test_subcommand_registry_is_lazy() -> None:
     assert set(cli.SUBCOMMANDS) >= {"run", "info"}
     parser = cli.build_parser(None)  # builds without importing any subcommand module
     assert parser.prog == "unison"
+
+
+def test_python_m_unison_usage_errors_and_closed_pipe() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "unison", "--version"], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and r.stdout.strip() == f"unison {__version__}"
+    r = subprocess.run(
+        [sys.executable, "-m", "unison", "run", "-np", "2", "--bogus", "true"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("unison run: error:")
+    assert "--bogus" in r.stderr and "--oversubscribe" in r.stderr  # run's own usage
+    r = subprocess.run(
+        f"{sys.executable} -m unison info --config | head -1", shell=True, capture_output=True,
+        text=True, env=dict(os.environ, UNISON_TIMEOUTT="1"),
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.count("\n") == 1 and r.stderr == "", r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "unison", "run", "-np", "3", "-H", "localhost:2", "true"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--oversubscribe" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "unison", "run", "-np", "3", "-H", "localhost:2",
+         "--oversubscribe", "true"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr

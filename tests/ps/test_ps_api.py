@@ -112,6 +112,10 @@ def test_bad_input_fails_only_that_call_and_data_stays_intact() -> None:
     assert len(errors) == 9
     assert "never" in errors[0] and "never initialised" in errors[0]
     assert "never" in errors[1] and "unknown" in errors[1]
+    # the operation is named as the user called it, the server once (issue 12 item 14)
+    assert errors[0].startswith("push (server rank "), errors[0]
+    assert errors[1].startswith("pull (server rank "), errors[1]
+    assert errors[1].count("server rank") == 1 and "init_params (" not in errors[1]
     assert "shape (8,)" in errors[2] and "(9,)" in errors[2]
     assert "float32" in errors[3]
     assert "buffer given" in errors[4]

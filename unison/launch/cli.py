@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .._version import __version__
@@ -32,7 +33,9 @@ def _chosen(argv: list[str]) -> str | None:
     return None
 
 
-def build_parser(chosen: str | None) -> argparse.ArgumentParser:
+def build_parser(
+    chosen: str | None, subparsers: dict[str, argparse.ArgumentParser] | None = None
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="unison", description="unison: collective communication for Python."
     )
@@ -40,6 +43,8 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="subcommand", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if subparsers is not None:
+            subparsers[name] = p
         if name == chosen:
             importlib.import_module(module).configure_parser(p)
     return parser
@@ -48,17 +53,29 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = _chosen(argv)
-    parser = build_parser(chosen)
-    args = parser.parse_args(argv)
+    subparsers: dict[str, argparse.ArgumentParser] = {}
+    parser = build_parser(chosen, subparsers)
+    args, unknown = parser.parse_known_args(argv)
     if args.subcommand is None:
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         parser.print_help(sys.stderr)
         return 2
+    if unknown:  # under the subcommand's usage, not the top-level one
+        subparsers[args.subcommand].error(f"unrecognized arguments: {' '.join(unknown)}")
     module = importlib.import_module(SUBCOMMANDS[args.subcommand][0])
     try:
         status: int = module.main(args)
+        sys.stdout.flush()
     except InvalidArgumentError as exc:  # bad arguments: a usage error, not a traceback
         print(f"unison {args.subcommand}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `unison info | head -1`: the reader left, not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return 130
     return status
 
 

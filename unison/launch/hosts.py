@@ -18,8 +18,10 @@ command's words are appended as separate arguments (``ip netns exec {host}``,
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +31,7 @@ __all__ = [
     "DEFAULT_RSH",
     "Slot",
     "allocate",
+    "forwarded_environment",
     "is_local",
     "parse_hostfile",
     "parse_hosts",
@@ -36,10 +39,6 @@ __all__ = [
 ]
 
 DEFAULT_RSH = "ssh -o BatchMode=yes {host}"
-
-#: variables a remote rank must receive (prefixes); the rest of the launcher's
-#: environment stays on this host
-FORWARD_PREFIXES = ("UNISON_", "HOROVOD_", "PYTHON")
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,8 @@ def parse_hosts(spec: str) -> list[tuple[str, int]]:
 
 
 def parse_hostfile(path: str) -> list[tuple[str, int]]:
-    """Lines ``host [slots=N]`` (``max_slots=`` and ``#`` comments are ignored)."""
+    """Lines ``host [slots=N]`` or ``host:N`` (``max_slots=`` and ``#`` comments are
+    ignored)."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -89,6 +89,9 @@ def parse_hostfile(path: str) -> list[tuple[str, int]]:
         if not words:
             continue
         slots = 1
+        host, sep, count = words[0].rpartition(":")
+        if sep and count.isdigit() and host and ":" not in host:
+            words[0], slots = host, int(count)  # "host:N", as in -H
         for word in words[1:]:
             key, _, value = word.partition("=")
             if key in ("slots", "slot"):
@@ -120,21 +123,28 @@ def _add(out: list[tuple[str, int]], host: str, slots: int, where: str) -> None:
     out.append((host, slots))
 
 
-def allocate(hosts: Sequence[tuple[str, int]], np: int) -> list[Slot]:
-    """Fill hosts in order; every host that gets a rank counts in cross_size."""
+def allocate(hosts: Sequence[tuple[str, int]], np: int, oversubscribe: bool = False) -> list[Slot]:
+    """Fill hosts in order; every host that gets a rank counts in cross_size. With
+    ``oversubscribe`` the ranks beyond the slots go round the hosts one each (a host's
+    ranks stay contiguous)."""
     total = sum(n for _, n in hosts)
-    if np > total:
+    if np > total and not oversubscribe:
         listed = ",".join(f"{h}:{n}" for h, n in hosts)
         raise InvalidArgumentError(
-            f"-np {np} is more than the {total} slots of the hosts ({listed})"
+            f"-np {np} is more than the {total} slots of the hosts ({listed}); "
+            "add --oversubscribe to run more ranks than slots"
         )
-    per_host: list[tuple[str, int]] = []
+    counts = [0] * len(hosts)
     left = np
-    for host, n in hosts:
-        take = min(n, left)
-        if take:
-            per_host.append((host, take))
-        left -= take
+    for i, (_, n) in enumerate(hosts):
+        counts[i] = min(n, left)
+        left -= counts[i]
+    i = 0
+    while left > 0:
+        counts[i % len(hosts)] += 1
+        left -= 1
+        i += 1
+    per_host = [(h, c) for (h, _), c in zip(hosts, counts, strict=True) if c]
     slots: list[Slot] = []
     for cross, (host, n) in enumerate(per_host):
         for local in range(n):
@@ -147,19 +157,50 @@ def is_local(host: str) -> bool:
     return host in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn())
 
 
-def remote_argv(
-    template: str, host: str, command: Sequence[str], env: Mapping[str, str]
-) -> list[str]:
-    """The local command that starts ``command`` on ``host`` with the job's ``env``."""
+#: launcher variables a remote rank does not get: they describe this host or this
+#: login session (``-x NAME`` forwards one of them anyway)
+DENY_EXACT = frozenset(
+    "HOSTNAME HOST HOME USER LOGNAME SHELL PWD OLDPWD SHLVL _ DISPLAY XAUTHORITY TERM "
+    "TERMCAP COLUMNS LINES TMPDIR TMP TEMP MAIL LS_COLORS KRB5CCNAME "
+    "DBUS_SESSION_BUS_ADDRESS WINDOWID TMUX TMUX_PANE STY".split()
+)
+DENY_PREFIXES = ("SSH_", "XDG_", "BASH_FUNC_", "GPG_", "SUDO_")
+
+
+def forwarded_environment(env: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
+    """What a remote rank receives of ``env``: all but the deny-list, plus ``extra``
+    (``-x NAME``: forward it even if denied)."""
+    keep = set(extra)
+    return {
+        k: v
+        for k, v in env.items()
+        if k in keep or not (k in DENY_EXACT or k.startswith(DENY_PREFIXES))
+    }
+
+
+def _agent_takes_one_string(words: Sequence[str]) -> bool:
+    """ssh-like agents join their arguments and hand them to a shell: give one string."""
+    return bool(words) and os.path.basename(words[0]) in ("ssh", "rsh", "oarsh", "pdsh")
+
+
+def remote_argv(template: str, host: str) -> list[str]:
+    """The local command that starts the remote wrapper (:mod:`unison.launch.remote`)
+    on ``host``. Nothing job-specific is on it: the rank's command, environment,
+    working directory and the job secret go to the wrapper on its stdin."""
     if "{host}" not in template:
         raise InvalidArgumentError(f"--rsh {template!r} must contain {{host}}")
-    forwarded = [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(FORWARD_PREFIXES)]
-    inner = ["env", *forwarded, *command]
+    inner = [sys.executable, "-m", "unison.launch.remote"]
+    path = os.environ.get("PYTHONPATH")
+    if path:  # the wrapper must import unison before it can set anything up
+        inner = ["env", f"PYTHONPATH={path}", *inner]
     words = shlex.split(template)
     if any("{command}" in w for w in words):
         quoted = shlex.join(inner)
         return [w.replace("{host}", host).replace("{command}", quoted) for w in words]
-    return [w.replace("{host}", host) for w in words] + inner
+    words = [w.replace("{host}", host) for w in words]
+    if _agent_takes_one_string(words):
+        return [*words, shlex.join(inner)]
+    return words + inner
 
 
 def add_host_options(p: object) -> None:
@@ -180,7 +221,7 @@ def add_host_options(p: object) -> None:
         "--hostfile",
         default=None,
         metavar="FILE",
-        help="a file of lines 'host slots=N' (Open MPI's format)",
+        help="a file of lines 'host slots=N' (Open MPI's format) or 'host:N'",
     )
     p.add_argument(
         "--rsh",
@@ -191,6 +232,21 @@ def add_host_options(p: object) -> None:
         "'ip netns exec {host}')",
     )
     p.add_argument(
+        "-p",
+        "--ssh-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="ssh port on every host (horovodrun's -p)",
+    )
+    p.add_argument(
+        "-i",
+        "--ssh-identity-file",
+        default=None,
+        metavar="FILE",
+        help="ssh private key to log in with (horovodrun's -i)",
+    )
+    p.add_argument(
         "--store-addr",
         default=None,
         metavar="ADDR[:PORT]",
@@ -199,11 +255,27 @@ def add_host_options(p: object) -> None:
     )
     p.add_argument(
         "--network-interface",
+        "--iface",
+        dest="network_interface",
         default=None,
         metavar="IFACE",
         help="the interface ranks talk over (UNISON_NETWORK_INTERFACE); also picks "
         "the store's address when --store-addr is not given",
     )
+
+
+def ssh_template(rsh: str, port: int | None, identity: str | None) -> str:
+    """``--rsh`` with horovodrun's ``-p``/``-i`` added (only to the default ssh agent)."""
+    if port is None and identity is None:
+        return rsh
+    if rsh != DEFAULT_RSH:
+        raise InvalidArgumentError(
+            "-p/--ssh-port and -i/--ssh-identity-file go with ssh, not --rsh"
+        )
+    extra = ([f"-p {port}"] if port is not None else []) + (
+        [f"-i {shlex.quote(identity)}"] if identity else []
+    )
+    return DEFAULT_RSH.replace("{host}", " ".join([*extra, "{host}"]))
 
 
 def host_list(hosts: str | None, hostfile: str | None) -> list[tuple[str, int]] | None:
@@ -214,13 +286,17 @@ def host_list(hosts: str | None, hostfile: str | None) -> list[tuple[str, int]] 
     return None
 
 
-def store_endpoint(store_addr: str | None, interface: str | None) -> tuple[str, int]:
+def store_endpoint(
+    store_addr: str | None, interface: str | None, first_remote: str | None = None
+) -> tuple[str, int]:
     """(address the ranks connect to, port to listen on; 0: any) for a multi-host job."""
     if store_addr:
         host, sep, port = store_addr.rpartition(":")
         if sep and port.isdigit() and host and ":" not in host:
             return host, int(port)
         return store_addr, 0
+    if first_remote is not None:  # the interface names the ranks' NIC, maybe not ours
+        return route_address(first_remote), 0
     if interface:
         from ..bootstrap import advertise_address
 
@@ -231,3 +307,25 @@ def store_endpoint(store_addr: str | None, interface: str | None) -> tuple[str, 
         raise InvalidArgumentError(
             f"cannot find this host's address for the store ({exc}); give --store-addr"
         ) from None
+
+
+def route_address(host: str) -> str:
+    """This host's address on the route to ``host`` (what the kernel would send from)."""
+    try:
+        infos = socket.getaddrinfo(host, 22, type=socket.SOCK_DGRAM)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"cannot resolve host {host!r} ({exc}); give --store-addr"
+        ) from None
+    for family, _, _, _, addr in infos:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect(addr)  # UDP: no packet is sent, only the route is looked up
+                local = str(s.getsockname()[0])
+            except OSError:
+                continue
+            if not local.startswith("127."):
+                return local
+    raise InvalidArgumentError(
+        f"no route from this host to {host!r} for the store; give --store-addr"
+    )

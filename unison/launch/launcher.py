@@ -6,8 +6,11 @@ The launcher generates a per-job secret and id, serves the job's
 ``UNISON_*`` (and Horovod's ``HOROVOD_*``) environment, forwards their output and
 watches them. One failure fails the job: the first rank to fail is named with its
 exit code or signal and its reason (the :data:`~unison.jobenv.FAILURE_KEY`
-record it left in the store, else its last stderr line); every other rank's process
-group gets SIGTERM at once and SIGKILL after a short grace. Exit status: 0 when
+record it left in the store, else its last stderr line); the other ranks get
+:data:`FAILURE_GRACE` seconds to notice and report it themselves, then SIGTERM, then
+SIGKILL. Signals to the launcher reach the ranks (SIGINT as SIGINT, escalated to SIGTERM
+and SIGKILL by a repeat or the grace; SIGUSR1/SIGUSR2 forwarded); remote ranks get them
+through their wrapper (:mod:`.remote`). Exit status: 0 when
 every rank exits 0, else the first failing rank's status (128 + signal when killed),
 124 on ``--job-timeout``, 130/143 on SIGINT/SIGTERM, 127 when the command is not
 found.
@@ -20,6 +23,7 @@ import contextlib
 import os
 import secrets
 import selectors
+import shlex
 import signal
 import sys
 import threading
@@ -36,15 +40,18 @@ from ..transport.shm_segment import cleanup_job
 from .hosts import (
     DEFAULT_RSH,
     Slot,
-    add_host_options,
     allocate,
+    forwarded_environment,
     host_list,
     is_local,
     remote_argv,
+    ssh_template,
     store_endpoint,
 )
+from .options import configure_parser, free_port, parse_exports, resolve_np, stdin_ranks
 from .output import OutputForwarder
 from .supervise import (
+    Launch,
     RankProcess,
     describe_exit,
     exit_status,
@@ -56,55 +63,12 @@ from .supervise import (
 __all__ = ["JobSupervisor", "configure_parser", "main", "rank_environment", "run_job"]
 
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL
+#: a failure reason with one of these is the consequence of another rank's failure
+_CONSEQUENCES = ("PeerLostError", "AbortedError", "has shut down", "lost connection to rank")
+FAILURE_GRACE = 2.0  # after a failure, before the others get SIGTERM (they say why first)
 DRAIN_SECONDS = 2.0  # output still read after the last rank exited
 EXIT_JOB_TIMEOUT = 124
 EXIT_NOT_FOUND, EXIT_CANNOT_RUN = 127, 126
-
-
-def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-np",
-        "-n",
-        "--np",
-        dest="np",
-        type=int,
-        required=True,
-        metavar="N",
-        help="number of ranks (on this host, or spread over -H/--hostfile hosts)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="default deadline of every blocking call in the ranks (UNISON_TIMEOUT)",
-    )
-    p.add_argument(
-        "--job-timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="wall-clock limit of the whole job; ends it with exit status 124",
-    )
-    p.add_argument(
-        "--servers",
-        type=int,
-        default=0,
-        metavar="S",
-        help="parameter-server processes among the N ranks: the last S ranks "
-        "(UNISON_NUM_SERVERS, UNISON_ROLE; see unison.ps)",
-    )
-    p.add_argument(
-        "--no-prefix",
-        action="store_true",
-        help="do not prefix output lines with [rank] (or UNISON_PREFIX_OUTPUT=0)",
-    )
-    add_host_options(p)
-    p.add_argument(
-        "command",
-        nargs=argparse.REMAINDER,
-        help="the command every rank runs (after an optional --)",
-    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -115,18 +79,32 @@ def main(args: argparse.Namespace) -> int:
         print("unison run: no command given (usage: unison run -np N command ...)", file=sys.stderr)
         return 2
     try:
-        prefix = C.load_config().prefix_output and not args.no_prefix
+        prefix = C.load_config().prefix_output if args.prefix is None else args.prefix
+        hosts = host_list(args.hosts, args.hostfile)
+        np = resolve_np(args, hosts)
+        if hosts and args.nproc_per_node:
+            hosts = [(h, args.nproc_per_node) for h, _ in hosts]
+        if hosts and args.nnodes:
+            hosts = hosts[: args.nnodes]
+        extra_env, export_names = parse_exports(args.export)
         return run_job(
             command,
-            args.np,
+            np,
             timeout=args.timeout,
             job_timeout=args.job_timeout,
             prefix=prefix,
+            env={**os.environ, **extra_env},
             servers=args.servers,
-            hosts=host_list(args.hosts, args.hostfile),
-            rsh=args.rsh,
+            hosts=hosts,
+            rsh=ssh_template(args.rsh, args.ssh_port, args.ssh_identity_file),
             store_addr=args.store_addr,
             network_interface=args.network_interface,
+            oversubscribe=args.oversubscribe,
+            export=export_names,
+            stdin_ranks=stdin_ranks(args.stdin, np),
+            output_dir=args.output_filename,
+            verbose=args.verbose,
+            start_timeout=args.start_timeout,
         )
     except InvalidArgumentError as exc:
         print(f"unison run: {exc}", file=sys.stderr)
@@ -145,6 +123,7 @@ def rank_environment(
     servers: int = 0,
     slot: Slot | None = None,
     network_interface: str | None = None,
+    master: tuple[str, int] | None = None,
 ) -> dict[str, str]:
     """The environment of one rank (the last ``servers`` ranks serve); ``slot`` places it
     on a host of a multi-host job (else every rank shares this host)."""
@@ -161,6 +140,21 @@ def rank_environment(
     for name, value in ident.items():
         env[f"UNISON_{name}"] = str(value)
         env[f"HOROVOD_{name}"] = str(value)
+    # torchrun's variables, so an unchanged torch.distributed script runs (env://)
+    torchrun = {
+        "RANK": rank,
+        "WORLD_SIZE": size,
+        "LOCAL_RANK": slot.local_rank,
+        "LOCAL_WORLD_SIZE": slot.local_size,
+        "GROUP_RANK": slot.cross_rank,
+        "GROUP_WORLD_SIZE": slot.cross_size,
+        "ROLE_RANK": rank,
+        "ROLE_WORLD_SIZE": size,
+        "ROLE_NAME": "default",
+    }
+    env.update({k: str(v) for k, v in torchrun.items()})
+    if master is not None:
+        env["MASTER_ADDR"], env["MASTER_PORT"] = master[0], str(master[1])
     env[C.ENV_STORE_ADDR] = f"{store[0]}:{store[1]}"
     env[C.ENV_SECRET] = secret.hex()
     env[C.ENV_JOB_ID] = job_id
@@ -168,12 +162,20 @@ def rank_environment(
     if network_interface:
         env["UNISON_NETWORK_INTERFACE"] = network_interface
     env["PYTHONUNBUFFERED"] = "1"
+    env[C.ENV_OUTPUT_TTY] = "1" if _isatty(sys.stderr) else "0"
     if timeout is not None:
         env["UNISON_TIMEOUT"] = repr(float(timeout))
     if servers:
         env[C.ENV_NUM_SERVERS] = str(servers)
         env[C.ENV_ROLE] = "server" if rank >= size - servers else "worker"
     return env
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def run_job(
@@ -191,6 +193,12 @@ def run_job(
     rsh: str = DEFAULT_RSH,
     store_addr: str | None = None,
     network_interface: str | None = None,
+    oversubscribe: bool = False,
+    export: Sequence[str] = (),
+    stdin_ranks: frozenset[int] = frozenset(),
+    output_dir: str | None = None,
+    verbose: bool = False,
+    start_timeout: float | None = None,
 ) -> int:
     """Run ``command`` as ``np`` ranks, on this host or over ``hosts`` ((name, slots) in
     order, remote ones started through the ``rsh`` template); the job's exit status."""
@@ -200,49 +208,76 @@ def run_job(
         raise InvalidArgumentError(
             f"--servers must be in 0..{np - 1} (at least one worker), got {servers}"
         )
-    for name, value in (("--timeout", timeout), ("--job-timeout", job_timeout)):
+    for name, value in (
+        ("--timeout", timeout),
+        ("--job-timeout", job_timeout),
+        ("--start-timeout", start_timeout),
+    ):
         if value is not None and not value > 0:
             raise InvalidArgumentError(f"{name} must be > 0 seconds, got {value}")
     secret = secrets.token_bytes(32)
     job_id = f"{int(time.time())}-{os.getpid()}-{secrets.token_hex(3)}"
     base = os.environ if env is None else env
-    slots = allocate(hosts, np) if hosts else [Slot(r, "localhost", r, np, 0, 1) for r in range(np)]
-    remote = any(not is_local(s.host) for s in slots)
+    slots = (
+        allocate(hosts, np, oversubscribe)
+        if hosts
+        else [Slot(r, "localhost", r, np, 0, 1) for r in range(np)]
+    )
+    remote = [s.host for s in slots if not is_local(s.host)]
     advertised, bind = "127.0.0.1", ("127.0.0.1", 0)
     if remote or store_addr or network_interface:
-        advertised, port = store_endpoint(store_addr, network_interface)
+        first = remote[0] if remote else None
+        advertised, port = store_endpoint(store_addr, network_interface, first)
         bind = ("0.0.0.0", port)  # the job secret guards it; every host must reach it
+    master = (advertised if is_local(slots[0].host) else slots[0].host, free_port(bind[0]))
     with TCPStoreServer(*bind, secret, max_connections=max(1024, 4 * np)) as server:
         server.start()
+        store = (advertised, server.address[1])
         envs = [
             rank_environment(
                 base,
                 rank=s.rank,
                 size=np,
-                store=(advertised, server.address[1]),
+                store=store,
                 secret=secret,
                 job_id=job_id,
                 timeout=timeout,
                 servers=servers,
                 slot=s,
                 network_interface=network_interface,
+                master=master,
             )
             for s in slots
         ]
-        argvs = [
-            list(command) if is_local(s.host) else remote_argv(rsh, s.host, command, e)
-            for s, e in zip(slots, envs, strict=True)
-        ]
+        launches: list[Launch] = []
+        for s, e in zip(slots, envs, strict=True):
+            if is_local(s.host):
+                launches.append(
+                    Launch(list(command), e, "inherit" if s.rank in stdin_ranks else None)
+                )
+                continue
+            header = {
+                "argv": list(command),
+                "env": forwarded_environment(e, export),
+                "cwd": os.getcwd(),
+                "host": s.host,
+                "store": list(store),
+                "start_timeout": start_timeout or 30.0,
+            }
+            launches.append(Launch(remote_argv(rsh, s.host), dict(base), "pipe", header))
         job = JobSupervisor(
             command,
-            envs,
+            [la.env for la in launches],
             server,
             job_timeout=job_timeout,
             prefix=prefix,
             stdout=stdout or sys.stdout.buffer,
             stderr=stderr or sys.stderr.buffer,
-            argvs=argvs,
+            argvs=[la.argv for la in launches],
             hosts=[s.host for s in slots] if hosts else None,
+            launches=launches,
+            output_dir=output_dir,
+            verbose=verbose,
         )
         try:
             return job.run()
@@ -265,6 +300,9 @@ class JobSupervisor:
         stderr: BinaryIO,
         argvs: Sequence[Sequence[str]] | None = None,
         hosts: Sequence[str] | None = None,
+        launches: Sequence[Launch] | None = None,
+        output_dir: str | None = None,
+        verbose: bool = False,
     ) -> None:
         self.command = list(command)
         self.argvs = [list(a) for a in argvs] if argvs else [self.command] * len(envs)
@@ -274,12 +312,15 @@ class JobSupervisor:
         self.job_timeout = job_timeout
         self.stderr = stderr
         self.sel = selectors.DefaultSelector()
-        self.output = OutputForwarder(self.sel, stdout, stderr, prefix=prefix)
+        self.output = OutputForwarder(self.sel, stdout, stderr, prefix=prefix, files=output_dir)
+        self.launches = list(launches) if launches else None
+        self.verbose = verbose
         self.ranks: list[RankProcess] = []
         self.signals: list[int] = []
         self.stop_reason: str | None = None  # "failure", "timeout", "signal"
         self.stop_status = 0
         self.kill_at: float | None = None
+        self.stages: list[int] = []  # signals still to send, one per grace period
         self.failed: list[RankProcess] = []  # failures not caused by the launcher
         self._wake_r, self._wake_w = os.pipe()
 
@@ -309,15 +350,28 @@ class JobSupervisor:
 
         old_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         stack.callback(signal.set_wakeup_fd, old_fd)
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in (
+            signal.SIGINT,
+            signal.SIGTERM,
+            signal.SIGHUP,
+            signal.SIGUSR1,
+            signal.SIGUSR2,
+        ):
             old = signal.signal(signum, on_signal)
             stack.callback(signal.signal, signum, old)
         return stack
 
     def _start_all(self) -> int | None:
         for rank, env in enumerate(self.envs):
+            la = self.launches[rank] if self.launches else None
+            if self.verbose:
+                where = f" on host {self.hosts[rank]}" if self.hosts else ""
+                self._say(f"rank {rank}{where}: {shlex.join(self.argvs[rank])}")
             try:
-                rp = start_rank(rank, self.argvs[rank], env)
+                if la is None:
+                    rp = start_rank(rank, self.argvs[rank], env)
+                else:
+                    rp = start_rank(rank, la.argv, la.env, la.stdin, la.header)
             except OSError as exc:
                 self._stop("failure", 0)
                 self._finish_kill()
@@ -364,7 +418,7 @@ class JobSupervisor:
                 self._say(f"job timed out after {self.job_timeout:g} s; ending all ranks")
                 self._stop("timeout", EXIT_JOB_TIMEOUT)
             if self.kill_at is not None and now >= self.kill_at:
-                self._finish_kill()
+                self._escalate()
 
     def _reap(self) -> None:
         for rp in self.ranks:
@@ -375,29 +429,50 @@ class JobSupervisor:
                 )
                 if self.stop_reason in (None, "failure") and not caused_by_us:
                     self.failed.append(rp)
-                if self.stop_reason is None:
-                    self._stop("failure", 0)
+                if self.stop_reason is None:  # the others get a moment to say why
+                    self._stop("failure", 0, [0, signal.SIGTERM, signal.SIGKILL], FAILURE_GRACE)
 
     def _handle_signals(self) -> None:
         while self.signals:
             signum = self.signals.pop(0)
+            if signum in (signal.SIGUSR1, signal.SIGUSR2):
+                self._send(signum)  # forwarded, as mpirun does; the job goes on
+                continue
             if self.stop_reason == "signal":
-                self._finish_kill()  # asked twice: no more grace
+                self._escalate()  # asked twice: the next, harder signal now
                 continue
             self._say(f"interrupted by {signal_name(signum)}; ending all ranks")
-            self._stop("signal", 128 + signum)
+            first = signal.SIGTERM if signum == signal.SIGHUP else signum
+            stages = [first] + [s for s in (signal.SIGTERM, signal.SIGKILL) if s != first]
+            self._stop("signal", 128 + signum, stages)
 
-    def _stop(self, reason: str, status: int) -> None:
-        """Start ending the job: SIGTERM every running rank's group, SIGKILL after grace."""
-        if self.stop_reason is None or reason == "signal":
-            self.stop_reason, self.stop_status = reason, status
+    def _send(self, signum: int) -> None:
         for rp in self.ranks:
             if rp.running:
-                rp.signal_group(signal.SIGTERM)
-        if self.kill_at is None:
-            self.kill_at = time.monotonic() + GRACE_SECONDS
+                rp.signal_group(signum)
+
+    def _stop(
+        self, reason: str, status: int, stages: Sequence[int] = (), grace: float = GRACE_SECONDS
+    ) -> None:
+        """Start ending the job: send each stage's signal (0: none) to every running
+        rank, one per grace period (SIGTERM, then SIGKILL by default)."""
+        if self.stop_reason is None or reason == "signal":
+            self.stop_reason, self.stop_status = reason, status
+        if reason == "signal" or not self.stages:
+            self.stages = list(stages or (signal.SIGTERM, signal.SIGKILL))
+            self._escalate(grace)
+
+    def _escalate(self, grace: float = GRACE_SECONDS) -> None:
+        if not self.stages:
+            self._finish_kill()
+            return
+        signum = self.stages.pop(0)
+        if signum:
+            self._send(signum)
+        self.kill_at = time.monotonic() + grace if self.stages else None
 
     def _finish_kill(self) -> None:
+        self.stages = []
         for rp in self.ranks:
             if rp.running:
                 rp.signal_group(signal.SIGKILL)
@@ -405,14 +480,17 @@ class JobSupervisor:
 
     # -- verdict ----------------------------------------------------------------------
     def _blame(self) -> tuple[RankProcess, str | None] | None:
-        """The root-cause failure: the first seen, unless a later one recorded an earlier time."""
-        best: tuple[RankProcess, str | None, float | None] | None = None
-        for rp in self.failed:
+        """The root-cause failure: not a rank that only lost a peer (ranks get a moment to
+        say why before they are ended), then the earliest recorded, then the first seen."""
+        best: tuple[tuple[bool, float, int], RankProcess, str | None] | None = None
+        for order, rp in enumerate(self.failed):
             raw = self.server.get_local(FAILURE_KEY.format(rank=rp.rank))
             why, when = parse_failure_record(raw) if raw is not None else (None, None)
-            if best is None or (when is not None and best[2] is not None and when < best[2]):
-                best = (rp, why, when)
-        return None if best is None else (best[0], best[1])
+            consequence = bool(why) and any(w in str(why) for w in _CONSEQUENCES)
+            key = (consequence, when if when is not None else float("inf"), order)
+            if best is None or key < best[0]:
+                best = (key, rp, why)
+        return None if best is None else (best[1], best[2])
 
     def _verdict(self) -> int:
         if self.stop_reason in ("timeout", "signal"):
@@ -444,6 +522,7 @@ class JobSupervisor:
                 rp.proc.wait(timeout=5)
             rp.poll()
             rp.close_pidfd()
+            rp.close_ctl()
         self.output.close_all()
         self.sel.close()
         for fd in (self._wake_r, self._wake_w):

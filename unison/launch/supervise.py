@@ -11,14 +11,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 __all__ = [
+    "Launch",
     "RankProcess",
     "describe_exit",
     "exit_status",
@@ -72,6 +75,17 @@ def describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+@dataclass
+class Launch:
+    """How one rank starts: ``stdin`` None (/dev/null), "inherit" (the launcher's) or
+    "pipe" (a remote wrapper's control channel, which first gets ``header``)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    stdin: str | None = None
+    header: dict[str, Any] | None = None
+
+
 class RankProcess:
     """One rank: its process, its exit descriptor, and what happened to it."""
 
@@ -82,6 +96,7 @@ class RankProcess:
         self.returncode: int | None = None
         self.exited_at: float | None = None  # wall clock, when the launcher saw it
         self.signalled = False  # the launcher sent it SIGTERM/SIGKILL
+        self.ctl: int | None = None  # control channel of a remote wrapper
         self.pidfd: int | None = None
         with contextlib.suppress(AttributeError, OSError):
             self.pidfd = os.pidfd_open(proc.pid)
@@ -109,26 +124,61 @@ class RankProcess:
             self.pidfd = None
 
     def signal_group(self, signum: int) -> None:
-        """Signal the rank's whole process group (it is the group's leader)."""
+        """Signal the rank's whole process group (it is the group's leader); a remote
+        rank gets the signal through its wrapper (SIGKILL: its connection is cut, and
+        the wrapper ends the rank)."""
         if self.running:
             self.signalled = True
+        if self.ctl is not None and signum != signal.SIGKILL:
+            with contextlib.suppress(OSError):
+                os.write(self.ctl, f"SIG {signum}\n".encode())
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signum)
+        if signum == signal.SIGKILL:
+            self.close_ctl()
+
+    def close_ctl(self) -> None:
+        if self.ctl is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.ctl)
+            self.ctl = None
 
 
-def start_rank(rank: int, command: Sequence[str], env: Mapping[str, str]) -> RankProcess:
+def start_rank(
+    rank: int,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    stdin: str | None = None,
+    header: Mapping[str, Any] | None = None,
+) -> RankProcess:
     """Start one rank with piped stdout/stderr; raises OSError if it cannot start."""
+    modes: dict[str | None, int | None] = {
+        None: subprocess.DEVNULL,
+        "inherit": None,
+        "pipe": subprocess.PIPE,
+    }
     proc = subprocess.Popen(
         list(command),
         env=dict(env),
-        stdin=subprocess.DEVNULL,
+        stdin=modes[stdin],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
         preexec_fn=_preexec(os.getpid()),
         close_fds=True,
     )
-    return RankProcess(rank, proc)
+    rp = RankProcess(rank, proc)
+    if proc.stdin is not None:
+        rp.ctl = os.dup(proc.stdin.fileno())
+        proc.stdin.close()
+        line = json.dumps(dict(header or {}), ensure_ascii=True) + "\n"
+        data = line.encode("ascii")
+        with contextlib.suppress(OSError):  # a wrapper that died is reported by its exit
+            while data:
+                data = data[os.write(rp.ctl, data) :]
+        os.set_blocking(rp.ctl, False)
+    return rp
 
 
 def take_pipes(rp: RankProcess) -> tuple[int, int]:

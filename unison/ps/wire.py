@@ -118,7 +118,8 @@ def encode_error(exc: BaseException) -> dict[str, Any]:
 def decode_error(meta: dict[str, Any], op: str, server: int) -> UnisonError:
     """The exception a worker raises for an error reply of server rank ``server``."""
     name = str(meta.get("error", "UnisonError"))
-    text = f"{op}: server rank {server}: {meta.get('message', 'unknown error')}"
+    where = "" if f"server rank {server}" in op else f"server rank {server}: "
+    text = f"{op}: {where}{meta.get('message', 'unknown error')}"
     ranks = [int(r) for r in meta.get("ranks", []) if isinstance(r, int)]
     cls = _ERRORS.get(name)
     if cls is None:

@@ -97,8 +97,11 @@ class KVStore:
         self._metas[name] = meta
         return meta
 
-    def _claim(self, keys: Mapping[str, tuple[tuple[int, ...], str] | None]) -> list[Call]:
-        """Ask each key's home about it (claiming the ones given a shape); one call per home."""
+    def _claim(
+        self, keys: Mapping[str, tuple[tuple[int, ...], str] | None], what: str = "init_params"
+    ) -> list[Call]:
+        """Ask each key's home about it (claiming the ones given a shape); one call per home.
+        ``what`` is the user's operation, which an error names."""
         by_home: dict[int, list[dict[str, Any]]] = {}
         for name, spec in keys.items():
             entry: dict[str, Any] = {"k": name}
@@ -106,15 +109,15 @@ class KVStore:
                 entry["shape"], entry["dtype"] = list(spec[0]), spec[1]
             by_home.setdefault(home(name, self.num_servers), []).append(entry)
         return [
-            self._channels[h].request(Op.CLAIM, "init_params", self._clock, {"keys": entries})
+            self._channels[h].request(Op.CLAIM, what, self._clock, {"keys": entries})
             for h, entries in sorted(by_home.items())
         ]
 
-    def _lookup(self, names: Iterable[str]) -> None:
+    def _lookup(self, names: Iterable[str], what: str) -> None:
         missing = [n for n in names if n not in self._metas]
         if not missing:
             return
-        for call in self._claim(dict.fromkeys(missing)):
+        for call in self._claim(dict.fromkeys(missing), what):
             call.wait()
             for k in call.result()["keys"]:
                 self._remember(str(k["k"]), k["shape"], k["dtype"])
@@ -193,7 +196,7 @@ class KVStore:
         """
         self._check_open("push")
         names = _key_names(list(grads), "push")
-        self._lookup(names)
+        self._lookup(names, "push")
         per_server: dict[int, tuple[list[list[Any]], list[np.ndarray]]] = {}
         for name in names:
             b = as_buffer(grads[name], f"push[{name!r}]", writable=False)
@@ -237,7 +240,7 @@ class KVStore:
             out = {**keys, **(out or {})}
         names = _key_names(list(keys) if isinstance(keys, Mapping) else keys, "pull")
         out = dict(out or {})
-        self._lookup(names)
+        self._lookup(names, "pull")
         result: dict[str, Any] = {}
         per_server: dict[int, tuple[list[list[Any]], list[np.ndarray]]] = {}
         for name in names:

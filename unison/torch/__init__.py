@@ -88,7 +88,8 @@ from .ops import (
     reducescatter_async,
     synchronize,
 )
-from .optimizer import DistributedOptimizer
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
@@ -100,9 +101,11 @@ __all__ = [
     "HostsUpdatedInterrupt",
     "Max",
     "Min",
+    "PartialDistributedOptimizer",
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNorm",
     "TensorMismatchError",
     "add_process_set",
     "allgather",

@@ -72,6 +72,12 @@ class Engine:
             not settings.stall_check_disable,
         )
         self._force: dict[str, str] = {}
+        # what every rank has announced (all ranks see every rank's cycle message), so any
+        # rank can name the ranks that have not submitted a tensor: uncached requests by
+        # name, the last cycle's cache bits, the ranks that called join()
+        self._seen: dict[str, set[int]] = {}
+        self._seen_joined: set[int] = set()
+        self._last_bits: list[bytes] = []
         self._holders: dict[str, set[int]] = {}
         self.executor = Executor(data, ranks, self.me, settings, timeline)
         peers = [r for r in ranks if r != me_global]
@@ -103,14 +109,44 @@ class Engine:
             self._new.append(entry)
             self._cv.notify_all()
 
+    @property
+    def cycles(self) -> int:
+        """Negotiation cycles completed so far (progress, for waits without a fixed end)."""
+        return self._cycle
+
     def pending_names(self) -> list[str]:
         with self._cv:
             return list(self._pending) + [e.request.name for e in self._new]
 
+    def missing_ranks(self, name: str) -> list[int] | None:
+        """Global ranks of the set that have not submitted ``name`` (None: this rank does not
+        know of it, e.g. it already completed)."""
+        with self._cv:
+            have = set(self._seen.get(name, ())) | self._seen_joined
+            known = name in self._seen
+            for r, bits in enumerate(self._last_bits):
+                for cid in bits_to_ids(bits):
+                    try:
+                        if self.cache.get(cid).name == name:
+                            have.add(r)
+                            known = True
+                    except KeyError:
+                        continue
+        if not known:
+            return None
+        return [self.ranks[r] for r in range(self.size) if r not in have]
+
     def describe_stall(self, name: str) -> str:
-        if self.coord is not None and name in self.coord.table:
-            return f"ranks {self.coord.missing(name)} have not submitted it"
-        return "some ranks have not submitted it (rank 0 of the process set logs which)"
+        """Why ``name`` has not completed, naming the ranks that have not submitted it."""
+        missing = self.missing_ranks(name)
+        if missing is None:
+            return "it has not been negotiated yet (the engine may be busy or stalled)"
+        if not missing:
+            return "every rank has submitted it; it has not finished executing"
+        return (
+            f"ranks {missing} of the process set have not submitted it "
+            f"(submitted by ranks {[x for x in self.ranks if x not in missing]})"
+        )
 
     # --- messages from peers (listener threads) -----------------------------------------------
     def _deliver(self, peer: int, msg: Any) -> None:
@@ -223,6 +259,14 @@ class Engine:
         msgs = self._gather(k)
         msgs[self.me] = mine
         self._cycle = k
+        with self._cv:
+            self._last_bits = [msgs[r][2] for r in range(self.size)]
+            for r in range(self.size):
+                for q in msgs[r][3]:
+                    if q.kind is Kind.JOIN:
+                        self._seen_joined.add(r)
+                    else:
+                        self._seen.setdefault(q.name, set()).add(r)
         coordinated = any(m[3] for m in msgs.values()) or msgs[0][4]
         if not coordinated:
             ready = bits_to_ids(and_bits([msgs[r][2] for r in range(self.size)]))
@@ -311,6 +355,9 @@ class Engine:
             local: list[Entry | None] = []
             for resp in responses:
                 name = "__join__" if resp.request.kind is Kind.JOIN else resp.name
+                if resp.request.kind is Kind.JOIN:
+                    self._seen_joined.clear()
+                self._seen.pop(name, None)
                 e = self._pending.pop(name, None)
                 if e is not None:
                     e.decided = now

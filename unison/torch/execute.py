@@ -26,7 +26,7 @@ from ..comm.api import (
 )
 from . import fusion
 from .adasum import adasum_combine
-from .errors import TensorMismatchError
+from .errors import HorovodInternalError, TensorMismatchError
 from .handle import Entry
 from .negotiation import Kind, Op, Response, reducescatter_rows
 from .settings import Settings
@@ -69,6 +69,14 @@ def scale_(t: torch.Tensor, factor: float) -> None:
         t.copy_(torch.trunc(t.double() * factor))
 
 
+def _response_error(resp: Response) -> BaseException:
+    """The error an error response raises: Horovod's RuntimeError for an operation the
+    joined ranks cannot take part in, a mismatch error otherwise."""
+    if "is not supported with Join at this time" in resp.error:
+        return HorovodInternalError(resp.error, op=resp.name)
+    return TensorMismatchError(resp.error, op=resp.name)
+
+
 class Executor:
     def __init__(
         self,
@@ -103,7 +111,7 @@ class Executor:
             if first.error:
                 for e in ents:
                     if e is not None:
-                        e.handle.finish(error=TensorMismatchError(first.error, op=first.name))
+                        e.handle.finish(error=_response_error(first))
                 continue
             kind = first.request.kind
             start = time.perf_counter()
@@ -255,11 +263,12 @@ class Executor:
 
     def _alltoall(self, resp: Response, e: Entry | None) -> tuple[torch.Tensor, torch.Tensor]:
         assert e is not None
-        q = resp.request
         t = e.inputs[0]
+        # the response carries the first rank's request: this rank's own splits are its row
+        sends = list(resp.per_rank[self.me])
         recv = [resp.per_rank[r][self.me] for r in range(self.size)]
         out = torch.empty((sum(recv), *t.shape[1:]), dtype=t.dtype)
-        ins = list(torch.split(t, list(q.splits), dim=0))
+        ins = list(torch.split(t, sends, dim=0))
         outs = list(torch.split(out, recv, dim=0))
         if self.size == 1:
             out.copy_(t)

@@ -4,8 +4,8 @@ Gradients follow Horovod: allreduce's is the allreduce (same op and factors) of
 the incoming gradient; allgather's and broadcast's are the averaged incoming
 gradient, sliced to this rank's rows (allgather) or zeroed off the root
 (broadcast); alltoall's is the alltoall back along the received splits;
-reducescatter's is the allgather of the incoming gradient (divided by the set
-size for Average).
+reducescatter's is the allgather of the incoming gradient, times the set size
+for Sum (Horovod's definition; grouped ones alike).
 """
 
 from __future__ import annotations
@@ -301,10 +301,33 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        g = allgather(grad.contiguous(), process_set=ctx.ps)
-        if ctx.op == Average:
-            g = g / ctx.ps.size()
-        return g, None, None, None, None, None
+        return _reducescatter_grad(grad, ctx.op, ctx.ps), None, None, None, None, None
+
+
+def _reducescatter_grad(grad: torch.Tensor, op: Op, ps: ProcessSet) -> torch.Tensor:
+    """Horovod's gradient of a reducescatter: the allgather of the incoming gradient,
+    times the set size for Sum (Average: the allgather as it is)."""
+    if op == Op.SUM:
+        grad = grad * ps.size()
+    return allgather(grad.contiguous(), process_set=ps)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, name: Any, op: Op, ps: ProcessSet, pre: float, post: float, *tensors: torch.Tensor
+    ) -> Any:
+        ctx.op, ctx.ps = op, ps
+        return tuple(
+            synchronize(grouped_reducescatter_async(list(tensors), name, op, ps, pre, post))
+        )
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        if ctx.op == Op.SUM:
+            grads = tuple(g * ctx.ps.size() for g in grads)
+        out = grouped_allgather([g.contiguous() for g in grads], process_set=ctx.ps)
+        return (None, None, None, None, None, *out)
 
 
 def reducescatter(
@@ -340,10 +363,14 @@ def grouped_reducescatter(
     postscale_factor: float = 1.0,
 ) -> list[torch.Tensor]:
     pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(
-        grouped_reducescatter_async(
-            [p[0] for p in pairs], name, op, process_set, prescale_factor, postscale_factor
-        )
+    outs = _call(
+        _GroupedReducescatter,
+        name,
+        Average if op is None else Op(int(op)),
+        process_set,
+        prescale_factor,
+        postscale_factor,
+        *[p[0] for p in pairs],
     )
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs, strict=True)]
 

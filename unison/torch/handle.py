@@ -16,11 +16,12 @@ __all__ = ["Entry", "Handle"]
 class Handle:
     """An operation in flight: ``poll()`` never blocks; ``wait()`` returns its result."""
 
-    __slots__ = ("_error", "_event", "_result", "keep", "name")
+    __slots__ = ("_error", "_event", "_result", "keep", "name", "source")
 
-    def __init__(self, name: str, keep: Any = None) -> None:
+    def __init__(self, name: str, keep: Any = None, source: Any = None) -> None:
         self.name = name
         self.keep = keep  # tensors that must outlive the operation
+        self.source = source  # the engine: says which ranks have not submitted it
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
@@ -34,16 +35,26 @@ class Handle:
     def done(self) -> bool:
         return self._event.is_set()
 
-    def wait(self, timeout: float, stalled: Callable[[], str]) -> Any:
+    def wait(self, timeout: float | None, stalled: Callable[[], str] | None = None) -> Any:
+        """The result; ``timeout`` None waits as long as the engine lives (it fails the
+        handle when a peer is lost)."""
         from .errors import HorovodInternalError
 
-        deadline = time.monotonic() + timeout
+        if timeout is None:
+            self._event.wait()
+        deadline = time.monotonic() + (timeout or 0.0)
         while not self._event.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
+                missing: list[int] = []
+                if self.source is not None:
+                    why = self.source.describe_stall(self.name)
+                    missing = self.source.missing_ranks(self.name) or []
+                else:
+                    why = stalled() if stalled is not None else "it has not finished"
                 raise HorovodInternalError(
-                    f"{self.name!r} did not complete within {timeout:g}s (UNISON_TIMEOUT); "
-                    f"{stalled()}",
+                    f"{self.name!r} did not complete within {timeout:g}s (UNISON_TIMEOUT): {why}",
                     op=self.name,
+                    ranks=missing,
                 )
         if self._error is not None:
             raise self._error

@@ -20,6 +20,7 @@ __all__ = [
     "Op",
     "Request",
     "Response",
+    "join_error",
     "reducescatter_rows",
     "request_of",
     "validate",
@@ -161,12 +162,28 @@ def validate(name: str, reqs: dict[int, Request], size: int, joined: Sequence[in
         for r, q in reqs.items():
             if len(q.splits) != size:
                 return f"alltoall {name!r}: rank {r} gave {len(q.splits)} splits for {size} ranks"
-    if ref.kind is Kind.BROADCAST and ref.root in joined:
-        return f"broadcast {name!r}: root rank {ref.root} has already joined"
-    if joined and ref.kind in (Kind.ALLTOALL, Kind.REDUCESCATTER):
-        return f"{ref.kind.label} {name!r} is not supported after ranks {list(joined)} joined"
-    if joined and ref.op == Op.ADASUM:
-        return f"Adasum allreduce {name!r} is not supported after ranks {list(joined)} joined"
+    if joined:
+        err = join_error(ref.kind)
+        if err:
+            return f"{err} (tensor {name!r}; joined ranks of the set: {list(joined)})"
+        if ref.op == Op.ADASUM and ref.kind is Kind.ALLREDUCE:
+            return f"Adasum allreduce {name!r} is not supported after ranks {list(joined)} joined"
+    return ""
+
+
+def join_error(kind: Kind) -> str:
+    """Horovod's error for an operation other than allreduce while some rank has joined."""
+    if kind is Kind.ALLGATHER:
+        return (
+            "Allgather is not supported with Join at this time. "
+            "Specify sparse_to_dense=True if using DistributedOptimizer"
+        )
+    if kind is Kind.BROADCAST:
+        return "Broadcast is not supported with Join at this time."
+    if kind is Kind.ALLTOALL:
+        return "Alltoall is not supported with Join at this time."
+    if kind is Kind.REDUCESCATTER:
+        return "Reducescatter is not supported with Join at this time."
     return ""
 
 

@@ -9,6 +9,7 @@ pair for alltoall) or raises its error on every rank that submitted it.
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from .basics import ProcessSet, engine_of, global_process_set, settings
+from .errors import HorovodInternalError
 from .handle import Entry, Handle
 from .negotiation import Kind, Op, Request
 
@@ -121,7 +123,7 @@ def _submit(
     finish: Callable[[Entry, Any], Any],
 ) -> Handle:
     engine = engine_of(ps)
-    handle = Handle(req.name, keep=(inputs, outputs))
+    handle = Handle(req.name, keep=(inputs, outputs), source=engine)
     engine.submit(Entry(req, inputs, outputs, handle, finish))
     return handle
 
@@ -150,6 +152,7 @@ def _allreduce(
     grouped: bool,
 ) -> Handle:
     ts = [_check(t, "allreduce tensor") for t in tensors]
+    engine_of(process_set)
     if not ts:
         raise ValueError("grouped_allreduce needs at least one tensor")
     if len({t.dtype for t in ts}) != 1:
@@ -258,6 +261,7 @@ def _allgather(
     tensors: Sequence[torch.Tensor], name: str | None, ps: ProcessSet, grouped: bool
 ) -> Handle:
     ts = _check_grouped(tensors, "allgather")
+    engine_of(ps)
     req = Request(
         _auto_name("grouped_allgather" if grouped else "allgather", name, ps),
         Kind.ALLGATHER,
@@ -287,9 +291,12 @@ def _broadcast(
     t: torch.Tensor, out: torch.Tensor, root_rank: int, name: str | None, ps: ProcessSet
 ) -> Handle:
     t = _check(t, "broadcast tensor")
-    root = int(root_rank)
+    engine_of(ps)  # registered, and this rank a member: checked before anything else
+    root = operator.index(root_rank)
     if ps.ranks is not None and root not in ps.ranks:
         raise ValueError(f"root_rank {root} is not a member of {ps}")
+    if ps.ranks is None and not 0 <= root < ps.size():
+        raise ValueError(f"root_rank {root} is out of range: the job has ranks 0..{ps.size() - 1}")
     req = Request(
         _auto_name("broadcast", name, ps),
         Kind.BROADCAST,
@@ -330,23 +337,27 @@ def alltoall_async(
 ) -> Handle:
     """Send rows ``splits[j]`` of ``tensor`` to rank j; synchronize gives (output, splits)."""
     t = _check(tensor, "alltoall tensor")
+    engine_of(process_set)  # registered, and this rank a member: checked before anything else
     n = process_set.size()
     if t.dim() == 0:
         raise ValueError("alltoall needs a tensor of at least one dimension")
     if splits is None:
         if t.shape[0] % n:
             raise ValueError(
-                f"alltoall: the first dimension ({t.shape[0]}) is not divisible by the number "
-                f"of ranks ({n}); give splits"
+                "splits not provided, but first dimension of tensor is not an even "
+                "multiple of the number of workers."
             )
         sp = [t.shape[0] // n] * n
     else:
-        sp = [int(x) for x in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
-        if len(sp) != n or any(x < 0 for x in sp) or sum(sp) != t.shape[0]:
-            raise ValueError(
-                f"alltoall: splits {sp} must be {n} non-negative counts summing to the first "
-                f"dimension {t.shape[0]}"
-            )
+        sp = _splits(splits)
+        if len(sp) != n:
+            raise ValueError("Number of entries in splits does not equal number of workers.")
+        if any(x < 0 for x in sp):
+            raise ValueError(f"alltoall: splits {sp} must not be negative")
+        if sum(sp) > t.shape[0]:
+            raise ValueError("Sum of splits entries is greater than the first dimension of tensor.")
+        if sum(sp) < t.shape[0]:  # Horovod sends the first sum(splits) rows only
+            t = t[: sum(sp)]
     req = Request(
         _auto_name("alltoall", name, process_set),
         Kind.ALLTOALL,
@@ -354,7 +365,31 @@ def alltoall_async(
         (tuple(t.shape),),
         splits=tuple(sp),
     )
-    return _submit(process_set, req, [t], None, _same)
+    recv_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    return _submit(process_set, req, [t], None, lambda _e, out: (out[0], out[1].to(recv_dtype)))
+
+
+def _splits(splits: Any) -> list[int]:
+    """Alltoall splits as ints: a 1-D integer tensor, or a sequence of ints."""
+    if isinstance(splits, torch.Tensor):
+        if splits.is_floating_point() or splits.is_complex() or splits.dtype is torch.bool:
+            raise ValueError(f"splits must be a tensor of integers, got {splits.dtype}")
+        if splits.dim() != 1:
+            raise ValueError(f"splits must be a 1-D tensor, got {splits.dim()} dimensions")
+        return [int(x) for x in splits.tolist()]
+    try:
+        items = list(splits)
+    except TypeError:
+        raise ValueError(f"splits must be a sequence of integers, got {splits!r}") from None
+    out = []
+    for x in items:
+        if isinstance(x, (bool, float)):
+            raise ValueError(f"splits must be a sequence of integers, got {splits!r}")
+        try:
+            out.append(operator.index(x))
+        except TypeError:
+            raise ValueError(f"splits must be a sequence of integers, got {splits!r}") from None
+    return out
 
 
 # --- reducescatter --------------------------------------------------------------------------------
@@ -371,6 +406,7 @@ def _reducescatter(
     if rop == Op.ADASUM:
         raise NotImplementedError("reducescatter does not support Adasum")
     ts = _check_grouped(tensors, "reducescatter")
+    engine_of(ps)
     req = Request(
         _auto_name("grouped_reducescatter" if grouped else "reducescatter", name, ps),
         Kind.REDUCESCATTER,
@@ -423,11 +459,12 @@ def synchronize(handle: Any) -> Any:
     if not isinstance(handle, Handle):
         raise ValueError(f"not a handle of an unison.torch operation: {handle!r}")
     s = settings()
-    return handle.wait(s.timeout, lambda: "the operation has not finished on every rank")
+    return handle.wait(s.timeout)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the set reaches the barrier."""
+    engine_of(process_set)
     req = Request(_auto_name("barrier", None, process_set), Kind.BARRIER)
     synchronize(_submit(process_set, req, [], None, _same))
 
@@ -437,4 +474,15 @@ def join(device: int = -1) -> int:
     until all ranks have joined. Returns the rank that joined last."""
     req = Request("__join__", Kind.JOIN)
     h = _submit(global_process_set, req, [], None, _same)
-    return int(synchronize(h))
+    # as in Horovod, join blocks until every rank has joined, however long the others
+    # train: the deadline restarts whenever the engine completes another negotiation
+    # cycle (the others are still running collectives); a lost peer fails it at once
+    engine = engine_of(global_process_set)
+    timeout = settings().timeout
+    while True:
+        cycle = engine.cycles
+        try:
+            return int(h.wait(timeout))
+        except HorovodInternalError:
+            if h.done() or engine.cycles == cycle:
+                raise

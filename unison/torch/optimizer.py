@@ -23,7 +23,7 @@ from .functional import sparse_allreduce_async
 from .negotiation import Op
 from .ops import Average, allreduce_async_, grouped_allreduce_async_, synchronize
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer"]
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -46,6 +46,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
+        self._parameter_names: dict[Any, str] = {}
         self._names = self._check_names(named_parameters)
         self._groups = self._make_groups(groups)
         self._group_of = {p: i for i, g in enumerate(self._groups or []) for p in g}
@@ -57,6 +58,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._delay: dict[Any, int] = {}
         self._requires_update: set[Any] = set()
+        self._local_vars: set[Any] = set()
+        self.scale_local_gradients = True
         if process_set.included():
             self._register_hooks()
         self.set_backward_passes_per_step(backward_passes_per_step)
@@ -98,6 +101,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._unison_inner.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # as Horovod: forget reductions in flight and restart the accumulation count
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._requires_update:
+            self._delay[p] = self.backward_passes_per_step
         self._unison_inner.load_state_dict(state_dict)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -111,12 +120,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return [p for g in self.param_groups for p in g["params"]]
 
     def _check_names(self, named_parameters: Any) -> dict[Any, str]:
+        """The tensor names of the reductions; sets ``_parameter_names`` (parameter -> name)
+        as Horovod does: the given names, or ``allreduce.noname.<group>.<index>``."""
         if named_parameters is None:
-            return {
+            self._parameter_names = {
                 p: f"allreduce.noname.{i}.{j}"
                 for i, g in enumerate(self.param_groups)
                 for j, p in enumerate(g["params"])
             }
+            return dict(self._parameter_names)
         named = list(named_parameters)
         if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
             raise ValueError(
@@ -138,6 +150,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "named_parameters was given, but some parameters of the optimizer are not in it "
                 f"(Python object ids: {', '.join(map(str, unnamed))})"
             )
+        self._parameter_names = {p: n for n, p in sorted(named, key=lambda x: x[0])}
         return {p: f"allreduce.{n}" for n, p in named}
 
     def _make_groups(self, groups: Any) -> list[list[Any]] | None:
@@ -168,7 +181,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay[p] = passes
 
     # --- hooks and reductions -------------------------------------------------------------------
+    def register_local_var(self, var: torch.Tensor) -> None:
+        """Horovod's model-parallel hook: ``var``'s gradient stays local (never reduced);
+        with ``scale_local_gradients`` it is divided by the process set's size."""
+        if not any(var is p for p in self._all_params()):
+            raise ValueError("register_local_var: the tensor is not a parameter of this optimizer")
+        self._local_vars.add(var)
+        self._requires_update.discard(var)
+        self._handles.pop(var, None)
+        if self._groups is not None:
+            self._groups = [[p for p in g if p is not var] for g in self._groups]
+            self._groups = [g for g in self._groups if g]
+            self._group_of = {p: i for i, g in enumerate(self._groups) for p in g}
+
     def _hook(self, p: torch.Tensor) -> None:
+        if p in self._local_vars:
+            return
         if p in self._handles and self._handles[p][0] is not None and self._delay[p] <= 0:
             raise AssertionError(
                 "gradients were computed more than backward_passes_per_step times before "
@@ -204,10 +232,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad is None:
             grad = p.grad = torch.zeros_like(p)
         if grad.is_sparse:
-            if self.sparse_as_dense:
-                grad = p.grad = grad.to_dense()
-            else:
+            if not self.sparse_as_dense:
                 return sparse_allreduce_async(grad, str(name), self.op, self.process_set), "sparse"
+            # reduced densely; synchronize() writes the result back as a sparse gradient
+            grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
         pre, post = self._scales()
         h = allreduce_async_(
@@ -226,7 +254,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            if p.grad.is_sparse:
+            if p.grad.is_sparse:  # a group is reduced densely (sparse_as_dense or not)
                 p.grad = p.grad.to_dense()
             c, ctx = self._compression.compress(p.grad)
             grads.append(c)
@@ -248,6 +276,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
+        if self.scale_local_gradients and not self._synchronized:
+            n = self.process_set.size()
+            for p in self._local_vars:
+                if p.grad is not None:
+                    p.grad.div_(n)
         done: set[Any] = set()
         for key in self._handles:
             done.update(key if isinstance(key, tuple) else (key,))
@@ -275,7 +308,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue
             else:
                 out = synchronize(handle)
-                self._write(key, out, ctx[1])
+                if key.grad.is_sparse:  # sparse_as_dense: the optimizer still gets sparse
+                    key.grad = self._compression.decompress(out, ctx[1]).to_sparse()
+                else:
+                    self._write(key, out, ctx[1])
             self._delay[key] = self.backward_passes_per_step
         self._handles.clear()
         self._synchronized = True
@@ -297,10 +333,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn(
-                    "optimizer.step() was called after optimizer.synchronize() without the "
-                    "optimizer.skip_synchronize() context; gradients are reduced again, which "
-                    "slows training down",
+                warnings.warn(  # Horovod's wording: scripts filter on it
+                    "optimizer.step() called without "
+                    "optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training "
+                    "slowdown. You may want to consider using "
+                    "optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.",
                     stacklevel=2,
                 )
             self.synchronize()
@@ -309,10 +348,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._handles:
-            raise AssertionError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(); this would race with the "
-                "gradient reductions in flight"
+            raise AssertionError(  # Horovod's wording
+                "optimizer.zero_grad() was called after loss.backward() "
+                "but before optimizer.step() or optimizer.synchronize(). "
+                "This is prohibited as it can cause a race condition."
             )
         self._unison_inner.zero_grad(set_to_none=set_to_none)
 
@@ -366,3 +405,49 @@ def DistributedOptimizer(
         sparse_as_dense,
         process_set,
     )
+
+
+def PartialDistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Any = None,
+    compression: type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: Any = Average,
+    gradient_predivide_factor: float = 1.0,
+    groups: Sequence[Sequence[torch.Tensor]] | int | None = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
+    local_layers: torch.nn.Module | Sequence[torch.nn.Module] | None = None,
+    scale_local_gradients: bool = True,
+) -> torch.optim.Optimizer:
+    """Horovod's ``PartialDistributedOptimizer`` for model parallelism: a
+    :func:`DistributedOptimizer` whose ``local_layers``' parameters keep their local
+    gradients (registered with ``register_local_var``; divided by the process set's size
+    when ``scale_local_gradients``, as Horovod does). The other gradients are reduced."""
+    opt = DistributedOptimizer(
+        optimizer,
+        named_parameters=named_parameters,
+        compression=compression,
+        backward_passes_per_step=backward_passes_per_step,
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups,
+        sparse_as_dense=sparse_as_dense,
+        process_set=process_set,
+    )
+    assert isinstance(opt, _DistributedOptimizer)
+    opt.scale_local_gradients = scale_local_gradients
+    if local_layers is None:
+        layers: list[torch.nn.Module] = []
+    elif isinstance(local_layers, torch.nn.Module):
+        layers = [local_layers]
+    else:
+        layers = list(local_layers)
+    for layer in layers:
+        if not isinstance(layer, torch.nn.Module):
+            raise ValueError(
+                f"local_layers must be torch.nn.Module objects, got {type(layer).__name__}"
+            )
+        for p in layer.parameters():
+            opt.register_local_var(p)
+    return opt

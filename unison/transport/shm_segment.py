@@ -19,13 +19,14 @@ Layout (offsets in bytes; 64-byte cache lines keep writers apart)::
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import re
 import secrets
 from dataclasses import dataclass
 
-__all__ = ["SHM_DIR", "Layout", "Segment", "cleanup_job", "segment_prefix"]
+__all__ = ["SHM_DIR", "Layout", "Segment", "cleanup_job", "reserve", "segment_prefix"]
 
 SHM_DIR = "/dev/shm"
 _PAGE = 4096
@@ -54,6 +55,31 @@ def cleanup_job(job_id: str, directory: str = SHM_DIR) -> list[str]:
             except OSError:
                 pass
     return removed
+
+
+def reserve(fd: int, size: int, directory: str = SHM_DIR) -> None:
+    """Allocate the segment's pages now, so a short /dev/shm (Docker's default is 64 MB)
+    fails here with a clear error instead of SIGBUS in the middle of a collective."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                return  # the file system cannot preallocate: nothing to check
+            raise
+        try:
+            st = os.statvfs(directory)
+            mb = st.f_frsize / 2**20
+            free = f"{st.f_bavail * mb:.0f} MB free of {st.f_blocks * mb:.0f} MB"
+        except OSError:
+            free = "free space unknown"
+        raise OSError(
+            exc.errno,
+            f"{directory} is too small: this rank's shared-memory segment needs "
+            f"{size / 2**20:.1f} MB ({free}); give the host or container more "
+            "(e.g. docker run --shm-size=1g) or use TCP inside the host with "
+            "UNISON_TRANSPORT=tcp",
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -95,6 +121,7 @@ class Segment:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
+            reserve(fd, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)

@@ -1,9 +1,21 @@
-"""ElasticSampler: a DistributedSampler that remembers which samples were processed."""
+"""ElasticSampler: a DistributedSampler that remembers how far the epoch has got.
+
+Horovod's semantics: ``record_batch(batch_idx, batch_size)`` counts
+``batch_size * num_replicas`` more samples as processed (``processed_num``);
+``state_dict()`` is ``{"epoch", "processed_num"}``; after ``load_state_dict`` or a
+reset the sampler shards only the samples after the first ``processed_num`` of the
+epoch's order (Python's ``random.Random(seed + epoch)`` shuffle, as Horovod);
+``set_epoch`` starts the next epoch from zero. Horovod's earlier API is kept too:
+``record_indices(indices)`` marks given indices processed (they are skipped after a
+reset, and ``TorchState.sync`` takes the union over the ranks) and
+``get_indices(batch_idx, batch_size)`` returns a batch's indices on this rank.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sized
+import random
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -14,66 +26,78 @@ __all__ = ["ElasticSampler"]
 
 
 class ElasticSampler(torch.utils.data.Sampler[int]):
-    """Shards ``dataset`` over the ranks; after ``record_batch``/``record_indices`` a
-    restored state skips the samples already processed this epoch."""
+    """Shards ``dataset`` over the ranks and re-shards the unprocessed rest after a reset."""
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0) -> None:
         self.dataset = dataset
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
+        self.processed_num = 0
         self.processed_indices: set[int] = set()
         self.num_replicas = 0
         self.rank = 0
         self.remaining_indices: list[int] = []
         self.num_samples = 0
         self.total_size = 0
+        self.indices: list[int] = []
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (call it at the end of an epoch): nothing is processed yet."""
         self.epoch = epoch
+        self.processed_num = 0
         self.processed_indices = set()
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        start = batch_idx * batch_size
-        self.record_indices(self.indices[start : start + batch_size])
+        """One more batch of ``batch_size`` was processed on every rank."""
+        self.processed_num += batch_size * self.num_replicas
 
-    def record_indices(self, indices: list[int]) -> None:
-        self.processed_indices.update(indices)
+    def record_indices(self, indices: Iterable[int]) -> None:
+        """These dataset indices were processed (skipped after the next reset)."""
+        self.processed_indices.update(int(i) for i in indices)
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
+        """The dataset indices of batch ``batch_idx`` on this rank."""
         start = batch_idx * batch_size
-        return self.indices[start : start + batch_size]
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch = state["epoch"]
-        self.processed_indices = set(state["processed_indices"])
-        self.reset()
+        return self.indices[start : min(start + batch_size, len(self.indices))]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "processed_indices": sorted(self.processed_indices)}
+        sd: dict[str, Any] = {"epoch": self.epoch, "processed_num": self.processed_num}
+        if self.processed_indices:
+            sd["processed_indices"] = sorted(self.processed_indices)
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epoch = state_dict["epoch"]
+        self.processed_num = state_dict.get("processed_num", 0)
+        self.processed_indices = set(state_dict.get("processed_indices", ()))
+        self.reset()
 
     def reset(self) -> None:
+        """Re-read the job's size and rank and shard what is left of the epoch."""
         self.num_replicas = size()
         self.rank = rank()
-        n = len(self.dataset)
+        order = list(range(len(self.dataset)))
         if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=g).tolist()
-        else:
-            order = list(range(n))
-        self.remaining_indices = [i for i in order if i not in self.processed_indices]
-        self.num_samples = math.ceil(len(self.remaining_indices) / self.num_replicas)
+            random.Random(self.seed + self.epoch).shuffle(order)
+        rest = order[self.processed_num :]
+        if self.processed_indices:
+            rest = [i for i in rest if i not in self.processed_indices]
+        self.remaining_indices = rest
+        self.num_samples = math.ceil(len(rest) / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
+        self.indices = self._shard()
+
+    def _shard(self) -> list[int]:
         padded = list(self.remaining_indices)
-        if padded:
-            while len(padded) < self.total_size:
-                padded += padded[: self.total_size - len(padded)]
-        self.indices = padded[self.rank : self.total_size : self.num_replicas]
+        while padded and len(padded) < self.total_size:
+            padded += padded[: self.total_size - len(padded)]
+        return padded[self.rank : self.total_size : self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
+        self.indices = self._shard()
         return iter(self.indices)
 
     def __len__(self) -> int:

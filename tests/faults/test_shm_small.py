@@ -1,0 +1,57 @@
+"""A /dev/shm too small for the segments (a 16 MB tmpfs in a mount namespace, like a
+container's): forced shared memory fails at init with an error naming the size and
+the fix, never SIGBUS mid-collective; the default transport falls back to TCP."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = """
+import numpy as np, unison as un
+un.init()
+x = np.full(1 << 21, un.rank() + 1.0, np.float32)
+un.all_reduce(x)
+assert (x == sum(range(1, un.size() + 1))).all()
+print("SUM OK", flush=True)
+"""
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare(1) to mount a small /dev/shm in a mount namespace"
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=16m tmpfs /dev/shm"],
+        capture_output=True,
+        timeout=30,
+    )
+    return None if r.returncode == 0 else f"cannot mount a tmpfs: {r.stderr!r}"
+
+
+WHY = _why_not()
+
+
+@pytest.mark.skipif(WHY is not None, reason=str(WHY))
+def test_small_dev_shm_is_a_clear_error_or_tcp(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = f"{sys.executable} -m unison run -np 2 --timeout 30 {sys.executable} {script}"
+    mount = "mount -t tmpfs -o size=16m tmpfs /dev/shm"
+    both = f"{mount} && UNISON_TRANSPORT=shm {run}; echo RC=$?; {run}"
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", both], capture_output=True, text=True, env=env, timeout=100
+    )
+    forced, _, auto = r.stdout.partition("RC=")
+    assert "SUM OK" not in forced, r.stdout
+    assert auto.startswith("1\n"), r.stdout  # exit 1 with the error, not 135 (SIGBUS)
+    assert "SIGBUS" not in r.stderr
+    assert "/dev/shm is too small" in r.stderr and "segment needs" in r.stderr, r.stderr
+    assert "--shm-size" in r.stderr and "UNISON_TRANSPORT=tcp" in r.stderr
+    assert auto.count("SUM OK") == 2, r.stdout + r.stderr  # the default falls back to TCP
