@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unison.algorithms import REGISTRY, Link, choose
+from unison.algorithms import REGISTRY, Link, Topology, choose
 from unison.config import load_config
 from unison.errors import InvalidArgumentError, UnsupportedError
 
@@ -20,7 +20,8 @@ def test_every_algorithm_has_cost_and_supports() -> None:
     for coll, mods in REGISTRY.items():
         for m in mods:
             for p in (1, 2, 3, 8, 64):
-                assert m.supports(p, 1024) in (True, False)
+                assert m.supports(p, 1024, Topology.of(LINK)) in (True, False)
+                assert isinstance(m.NEEDS, str) and m.NEEDS, (coll, m.NAME)
                 assert m.cost(p, 1024, LINK) >= 0, (coll, m.NAME)
 
 
@@ -43,3 +44,26 @@ def test_algo_knob_parsing() -> None:
     assert cfg.algo_overrides() == {"allreduce": "ring", "broadcast": "binomial"}
     with pytest.raises(InvalidArgumentError, match="collective:algorithm"):
         load_config({"UNISON_ALGO": "ring"})
+
+
+def test_eligibility_comes_from_the_topology() -> None:
+    """The direct shared-memory algorithms need the shared slots; the hierarchical one
+    needs ranks on several hosts, evenly. A forced one that is not eligible is refused,
+    saying why, instead of silently running another algorithm."""
+    from unison.link import SharedLink, TwoLevelLink
+
+    shared = SharedLink()
+    world = Topology(shared, shared=True, hosts=((0, 1, 2, 3),))
+    sub = Topology(shared, shared=False, hosts=((0, 1),))  # a sub-group: no shared slots
+    assert choose("allreduce", 4, 1 << 20, world, {"allreduce": "shm"}).name == "shm"
+    assert choose("allreduce", 2, 1 << 20, sub, {}).name != "shm"
+    with pytest.raises(UnsupportedError, match=r"allreduce:shm.*needs every rank on one host"):
+        choose("allreduce", 2, 1 << 20, sub, {"allreduce": "shm"})
+    with pytest.raises(UnsupportedError, match="needs ranks on more than one host"):
+        choose("allreduce", 4, 1 << 20, world, {"allreduce": "hierarchical"})
+    two = TwoLevelLink(intra=Link(), hosts=2, per_host=2)
+    assert Topology.of(two).hosts == ((0, 1), (2, 3))
+    assert choose("allreduce", 4, 1 << 20, two, {"allreduce": "hierarchical"}).forced
+    uneven = Topology(two, hosts=((0, 1, 2), (3,)))
+    with pytest.raises(UnsupportedError, match="the same number on each"):
+        choose("allreduce", 4, 1 << 20, uneven, {"allreduce": "hierarchical"})

@@ -190,7 +190,7 @@ if __name__ == "__main__":  # under mpirun: python tests/backends/checks.py
     un.init(backend="mpi", timeout=60)
     try:
         names = run_all()
-        assert un.get_world_group().rt.backend.name == "mpi"  # type: ignore[attr-defined]
+        assert un.get_world_group().backend.name == "mpi"
         print(f"rank {un.rank()}/{un.size()} OK {len(names)} checks", flush=True)
     finally:
         un.shutdown()

@@ -26,9 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _backend_name() -> str:
-    rt = un.get_world_group().rt
-    be = getattr(rt, "backend", None)
-    return "native" if be is None else str(be.name)
+    return str(un.get_world_group().backend.name)
 
 
 def _checks() -> tuple[str, list[str]]:

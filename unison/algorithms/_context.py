@@ -24,10 +24,14 @@ from ..errors import (
     CommunicationError,
     MismatchError,
 )
+from ..link import Link
 from ..transport.framing import Kind, OpSig
 from ..transport.request import Request
+from .topology import Topology
 
 __all__ = ["OpCode", "OpContext", "Router", "describe"]
+
+_NO_TOPOLOGY = Topology(Link())  # contexts made outside a runtime (tests): no slots
 
 
 class OpCode(enum.IntEnum):
@@ -111,6 +115,7 @@ class OpContext:
         timeout: float,
         segment_bytes: int,
         tag_base: int = 0,
+        topo: Topology = _NO_TOPOLOGY,
     ) -> None:
         self.router = router
         self.op = op
@@ -124,6 +129,7 @@ class OpContext:
         self.timeout = timeout
         self.segment_bytes = segment_bytes
         self.tag_base = tag_base
+        self.topo = topo  # link, shared slots, host layout of the group
         #: for a signature confirmation: the signature of the operation it confirms
         self.data_sig: OpSig = sig
         #: a context running alongside on the same operation (the signature check);

@@ -21,10 +21,15 @@ from ..link import Link, SharedLink
 from . import ring_allgather
 from ._context import OpContext
 from .shm_arena import arena_of, rounds, sync
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "shm"
+NEEDS = (
+    "every rank on one host with shared memory (not UNISON_TRANSPORT=tcp, not across "
+    "hosts) and the world group (sub-groups cannot use the shared slots)"
+)
 
 
 def cost(p: int, n: int, link: Link) -> float:
@@ -33,15 +38,15 @@ def cost(p: int, n: int, link: Link) -> float:
     return 2 * (p - 1) * link.alpha * rounds(n // p, link) + n * link.copy
 
 
-def supports(p: int, n: int) -> bool:
-    return True
+def supports(p: int, n: int, topo: Topology) -> bool:
+    return topo.shared
 
 
 def run(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int) -> None:
-    arena = arena_of(ctx, NAME)
-    if arena is None or ctx.size == 1 or len({len(b) for b in blocks}) != 1:
+    if ctx.size == 1 or len({len(b) for b in blocks}) != 1:
         ring_allgather.run(ctx, blocks, seg)
         return
+    arena = arena_of(ctx, NAME)
     p, me = ctx.size, ctx.rank
     glob = ctx.ranks
     m = len(blocks[me])

@@ -46,11 +46,13 @@ from ._context import OpContext
 from ._schedule import chunks
 from .ring_allgather import allgather_blocks
 from .ring_reduce_scatter import reduce_scatter_blocks
-from .sub_context import SubContext, host_layout
+from .sub_context import SubContext
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "hierarchical"
+NEEDS = "ranks on more than one host, the same number on each"
 INTER_TAGS = 1 << 24  # tag base of the inter-host phase (the intra phases use 0..)
 
 
@@ -74,24 +76,17 @@ def cost(p: int, n: int, link: Link) -> float:
     return local + _inter(link.hosts, L, n, link)[0]
 
 
-def supports(p: int, n: int) -> bool:
-    return p > 1
+def supports(p: int, n: int, topo: Topology) -> bool:
+    return p > 1 and topo.uniform_hosts(p) > 0
 
 
 def run(
     ctx: OpContext, arr: np.ndarray, kern: Kernel, op: ReduceOp, dtype: DType, seg: int
 ) -> None:
-    hosts = host_layout(ctx)
-    if len(hosts) < 2:
-        raise UnsupportedError(
-            f"{ctx.name}: all_reduce algorithm 'hierarchical' needs ranks on more than one "
-            f"host, but the {ctx.size} ranks of group {ctx.group_id} share one host; "
-            "unset UNISON_ALGO's allreduce entry"
-        )
-    L = len(hosts[0])
-    if any(len(h) != L for h in hosts):  # uneven hosts: every rank sees it, all go flat
-        allreduce_ring.run(ctx, arr, kern, op, dtype, seg)
-        return
+    hosts = [list(h) for h in ctx.topo.hosts]
+    L = ctx.topo.uniform_hosts(ctx.size)
+    if not L:
+        raise UnsupportedError(f"{ctx.name}: all_reduce algorithm 'hierarchical' needs {NEEDS}")
     mine = next(h for h in hosts if ctx.rank in h)
     j = mine.index(ctx.rank)
     local = SubContext(ctx, mine, 0)
@@ -99,7 +94,7 @@ def run(
     blocks = [arr[o : o + k] for o, k in chunks(len(arr), L)]
     tag = reduce_scatter_blocks(local, blocks, None, kern, seg, inplace=True)
     inner = ReduceOp.SUM if op is ReduceOp.AVG else op  # AVG divides once, by p, below
-    two = getattr(ctx.router, "link", lambda: None)()
+    two = ctx.topo.link
     use_rd = isinstance(two, TwoLevelLink) and _inter(len(hosts), L, arr.nbytes, two)[1]
     algo = allreduce_recursive_doubling if use_rd else allreduce_ring
     algo.run(cross, blocks[j], kern, inner, dtype, seg)

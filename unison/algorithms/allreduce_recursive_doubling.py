@@ -20,10 +20,12 @@ from ..buffers import DType, Kernel, finalize_average
 from ..link import Link, log2ceil
 from ._context import OpContext
 from ._schedule import pof2_floor, recursive_doubling_plan
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "recursive_doubling"
+NEEDS = "nothing beyond the group"
 RETURN_TAG = 1 << 20  # the result going back to a folded rank
 
 
@@ -33,7 +35,7 @@ def cost(p: int, n: int, link: Link) -> float:
     return steps * (link.alpha + n * link.beta + n * link.gamma) + extra
 
 
-def supports(p: int, n: int) -> bool:
+def supports(p: int, n: int, topo: Topology) -> bool:
     return True
 
 

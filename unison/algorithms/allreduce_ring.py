@@ -23,10 +23,12 @@ from ._context import OpContext
 from ._schedule import chunks
 from .ring_allgather import allgather_blocks
 from .ring_reduce_scatter import reduce_scatter_blocks
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "ring"
+NEEDS = "nothing beyond the group"
 
 
 def cost(p: int, n: int, link: Link) -> float:
@@ -34,7 +36,7 @@ def cost(p: int, n: int, link: Link) -> float:
     return 2 * (p - 1) * link.alpha + 2 * f * n * link.beta + f * n * link.gamma
 
 
-def supports(p: int, n: int) -> bool:
+def supports(p: int, n: int, topo: Topology) -> bool:
     return True
 
 

@@ -31,10 +31,15 @@ from . import allreduce_ring
 from ._context import OpContext
 from ._schedule import chunks
 from .shm_arena import arena_of, rounds, sync
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "shm"
+NEEDS = (
+    "every rank on one host with shared memory (not UNISON_TRANSPORT=tcp, not across "
+    "hosts) and the world group (sub-groups cannot use the shared slots)"
+)
 BLOCK = 256 << 10  # bytes reduced per kernel call
 
 
@@ -49,8 +54,8 @@ def cost(p: int, n: int, link: Link) -> float:
     )
 
 
-def supports(p: int, n: int) -> bool:
-    return True
+def supports(p: int, n: int, topo: Topology) -> bool:
+    return topo.shared
 
 
 def reduce_slice(kern: Kernel, srcs: list[np.ndarray], dst: np.ndarray) -> None:
@@ -66,10 +71,10 @@ def reduce_slice(kern: Kernel, srcs: list[np.ndarray], dst: np.ndarray) -> None:
 def run(
     ctx: OpContext, arr: np.ndarray, kern: Kernel, op: ReduceOp, dtype: DType, seg: int
 ) -> None:
-    arena = arena_of(ctx, NAME)
-    if arena is None or ctx.size == 1:
+    if ctx.size == 1:
         allreduce_ring.run(ctx, arr, kern, op, dtype, seg)
         return
+    arena = arena_of(ctx, NAME)
     p, me = ctx.size, ctx.rank
     glob = ctx.ranks
     step = arena.elems(arr.dtype)

@@ -17,10 +17,12 @@ import numpy as np
 from ..link import Link, log2ceil
 from ._context import OpContext
 from ._schedule import dissemination_peers
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "dissemination"
+NEEDS = "nothing beyond the group"
 _EMPTY = np.empty(0, np.uint8)
 
 
@@ -28,7 +30,7 @@ def cost(p: int, n: int, link: Link) -> float:
     return log2ceil(p) * link.alpha
 
 
-def supports(p: int, n: int) -> bool:
+def supports(p: int, n: int, topo: Topology) -> bool:
     return True
 
 

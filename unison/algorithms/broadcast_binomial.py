@@ -18,17 +18,19 @@ import numpy as np
 from ..link import Link, log2ceil
 from ._context import OpContext
 from ._schedule import binomial_children, binomial_parent, segments
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "binomial"
+NEEDS = "nothing beyond the group"
 
 
 def cost(p: int, n: int, link: Link) -> float:
     return log2ceil(p) * (link.alpha + n * link.beta)
 
 
-def supports(p: int, n: int) -> bool:
+def supports(p: int, n: int, topo: Topology) -> bool:
     return True
 
 

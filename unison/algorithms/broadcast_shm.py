@@ -21,10 +21,15 @@ from ..link import Link, SharedLink
 from . import broadcast_binomial
 from ._context import OpContext
 from .shm_arena import arena_of, rounds, sync
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "shm"
+NEEDS = (
+    "every rank on one host with shared memory (not UNISON_TRANSPORT=tcp, not across "
+    "hosts) and the world group (sub-groups cannot use the shared slots)"
+)
 
 
 def cost(p: int, n: int, link: Link) -> float:
@@ -33,15 +38,15 @@ def cost(p: int, n: int, link: Link) -> float:
     return 2 * (p - 1) * link.alpha * rounds(n, link) + 2 * n * link.copy
 
 
-def supports(p: int, n: int) -> bool:
-    return True
+def supports(p: int, n: int, topo: Topology) -> bool:
+    return topo.shared
 
 
 def run(ctx: OpContext, arr: np.ndarray, root: int, seg: int) -> None:
-    arena = arena_of(ctx, NAME)
-    if arena is None or ctx.size == 1:
+    if ctx.size == 1:
         broadcast_binomial.run(ctx, arr, root, seg)
         return
+    arena = arena_of(ctx, NAME)
     me = ctx.rank
     src = ctx.ranks[root]
     step = arena.elems(arr.dtype)

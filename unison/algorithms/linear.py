@@ -16,17 +16,19 @@ import numpy as np
 
 from ..link import Link
 from ._context import OpContext
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "gather", "scatter", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "gather", "scatter", "supports"]
 
 NAME = "linear"
+NEEDS = "nothing beyond the group"
 
 
 def cost(p: int, n: int, link: Link) -> float:
     return (p - 1) * link.alpha + (p - 1) / p * n * link.beta
 
 
-def supports(p: int, n: int) -> bool:
+def supports(p: int, n: int, topo: Topology) -> bool:
     return True
 
 

@@ -24,10 +24,15 @@ from . import ring_reduce_scatter
 from ._context import OpContext
 from .allreduce_shm import reduce_slice
 from .shm_arena import arena_of, rounds, sync
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "shm"
+NEEDS = (
+    "every rank on one host with shared memory (not UNISON_TRANSPORT=tcp, not across "
+    "hosts) and the world group (sub-groups cannot use the shared slots)"
+)
 
 
 def cost(p: int, n: int, link: Link) -> float:
@@ -37,17 +42,17 @@ def cost(p: int, n: int, link: Link) -> float:
     return 2 * (p - 1) * link.alpha * rounds(n, link) + f * n * (link.copy + link.gamma)
 
 
-def supports(p: int, n: int) -> bool:
-    return True
+def supports(p: int, n: int, topo: Topology) -> bool:
+    return topo.shared
 
 
 def run(
     ctx: OpContext, inputs: Sequence[np.ndarray], out: np.ndarray, kern: Kernel, seg: int
 ) -> None:
-    arena = arena_of(ctx, NAME)
-    if arena is None or ctx.size == 1 or len({len(b) for b in inputs}) != 1:
+    if ctx.size == 1 or len({len(b) for b in inputs}) != 1:
         ring_reduce_scatter.run(ctx, inputs, out, kern, seg)
         return
+    arena = arena_of(ctx, NAME)
     p, me = ctx.size, ctx.rank
     glob = ctx.ranks
     m = len(out)

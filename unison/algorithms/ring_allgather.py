@@ -18,17 +18,19 @@ import numpy as np
 from ..link import Link
 from ._context import OpContext
 from ._schedule import ring_neighbors, segments
+from .topology import Topology
 
-__all__ = ["NAME", "allgather_blocks", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "allgather_blocks", "cost", "run", "supports"]
 
 NAME = "ring"
+NEEDS = "nothing beyond the group"
 
 
 def cost(p: int, n: int, link: Link) -> float:
     return (p - 1) * link.alpha + (p - 1) / p * n * link.beta
 
 
-def supports(p: int, n: int) -> bool:
+def supports(p: int, n: int, topo: Topology) -> bool:
     return True
 
 

@@ -23,10 +23,12 @@ from ..link import Link
 from ..transport.request import Request
 from ._context import OpContext
 from ._schedule import ring_neighbors, segments
+from .topology import Topology
 
-__all__ = ["NAME", "cost", "reduce_scatter_blocks", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "reduce_scatter_blocks", "run", "supports"]
 
 NAME = "ring"
+NEEDS = "nothing beyond the group"
 WINDOW = 4
 
 
@@ -35,7 +37,7 @@ def cost(p: int, n: int, link: Link) -> float:
     return (p - 1) * link.alpha + f * n * link.beta + f * n * link.gamma
 
 
-def supports(p: int, n: int) -> bool:
+def supports(p: int, n: int, topo: Topology) -> bool:
     return True
 
 

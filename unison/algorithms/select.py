@@ -1,8 +1,9 @@
 """Choose an algorithm per call by predicted cost, as NCCL's tuner does.
 
-Every algorithm module has ``cost(p, n, link)`` and ``supports(p, n)``; the
-selector evaluates the supporting ones with the transport's α/β/γ and takes the
-cheapest. ``UNISON_ALGO="allreduce:ring"`` forces one; a forced algorithm that
+Every algorithm module has ``cost(p, n, link)``, ``supports(p, n, topo)`` (eligibility,
+from the group's :class:`~.topology.Topology` alone) and ``NEEDS`` (what it needs, for
+the refusal); the selector evaluates the eligible ones on the group's link and takes
+the cheapest. ``UNISON_ALGO="allreduce:ring"`` forces one; a forced algorithm that
 cannot serve a call raises :class:`UnsupportedError` saying so.
 """
 
@@ -32,6 +33,7 @@ from . import (
     ring_allgather,
     ring_reduce_scatter,
 )
+from .topology import Topology
 
 __all__ = ["REGISTRY", "Choice", "choose", "table"]
 
@@ -70,32 +72,36 @@ def _names(collective: str) -> list[str]:
 
 
 def choose(
-    collective: str, p: int, nbytes: int, link: Link, overrides: Mapping[str, str]
+    collective: str, p: int, nbytes: int, topo: Topology | Link, overrides: Mapping[str, str]
 ) -> Choice:
+    """The algorithm for one call: the forced one (it must be eligible), else the
+    cheapest eligible one. ``topo``: the group's topology (a bare link: :meth:`Topology.of`)."""
+    if isinstance(topo, Link):
+        topo = Topology.of(topo, p)
     forced = overrides.get(collective)
     if forced is not None:
         for mod in REGISTRY[collective]:
             if mod.NAME == forced:
-                if not mod.supports(p, nbytes):
+                if not mod.supports(p, nbytes, topo):
                     raise UnsupportedError(
                         f"UNISON_ALGO forces {collective}:{forced}, which cannot serve "
-                        f"{p} ranks x {nbytes} bytes"
+                        f"{p} ranks x {nbytes} bytes here: it needs {mod.NEEDS}"
                     )
-                return Choice(
-                    collective, forced, mod, link.overhead + mod.cost(p, nbytes, link), True
-                )
+                t = topo.link.overhead + mod.cost(p, nbytes, topo.link)
+                return Choice(collective, forced, mod, t, True)
         raise UnsupportedError(
             f"UNISON_ALGO names {collective}:{forced}; known {collective} algorithms: "
             f"{', '.join(_names(collective))}"
         )
-    return _cheapest(collective, p, nbytes, link)
+    return _cheapest(collective, p, nbytes, topo)
 
 
 @functools.lru_cache(maxsize=4096)
-def _cheapest(collective: str, p: int, nbytes: int, link: Link) -> Choice:
+def _cheapest(collective: str, p: int, nbytes: int, topo: Topology) -> Choice:
     best: Choice | None = None
+    link = topo.link
     for mod in REGISTRY[collective]:
-        if mod.supports(p, nbytes):
+        if mod.supports(p, nbytes, topo):
             t = link.overhead + mod.cost(p, nbytes, link)
             if best is None or t < best.predicted:
                 best = Choice(collective, mod.NAME, mod, t, False)
@@ -111,9 +117,10 @@ def table(
 ) -> str:
     """The choice table (predicted µs per algorithm) for logs and ``unison info``."""
     lines = []
+    topo = Topology.of(link, p)
     for coll, mods in REGISTRY.items():
         for n in sizes:
             cells = [f"{m.NAME}={fmt(m.cost(p, n, link))}" for m in mods]
-            pick = _cheapest(coll, p, n, link).name
+            pick = _cheapest(coll, p, n, topo).name
             lines.append(f"{coll:15s} {n:>12d}B  {' '.join(cells)}  -> {pick}")
     return "\n".join(lines)

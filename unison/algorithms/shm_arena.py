@@ -16,7 +16,8 @@ synchronisation per phase suffices and per-rank shared memory stays one slot,
 whatever the message size.
 
 Only the world group uses the slots (its operations run one at a time, in the
-same order on every rank); other groups run the ring algorithms.
+same order on every rank): a group's :class:`~.topology.Topology` has them (and the
+direct algorithms' ``supports()`` says yes) only for the world of a one-host job.
 """
 
 from __future__ import annotations
@@ -66,12 +67,11 @@ class Arena:
         self._slots.clear()
 
 
-def arena_of(ctx: OpContext, algorithm: str) -> Arena | None:
-    """The arena for this operation; None for groups other than the world."""
-    if ctx.group_id != 0:
-        return None
-    arena = getattr(ctx.router, "arena", None)
-    if not isinstance(arena, Arena):
+def arena_of(ctx: OpContext, algorithm: str) -> Arena:
+    """The shared slots of this operation's group (its topology has them exactly when the
+    algorithm's ``supports()`` said yes; the selector checked)."""
+    arena = ctx.topo.arena
+    if arena is None:
         raise UnsupportedError(
             f"{ctx.name}: algorithm {algorithm!r} needs every rank on one host with shared "
             "memory (UNISON_TRANSPORT is tcp, or the ranks span hosts)"

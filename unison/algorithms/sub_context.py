@@ -16,7 +16,7 @@ from ..errors import CommunicationError
 from ..transport.request import Request
 from ._context import OpContext
 
-__all__ = ["SubContext", "host_layout"]
+__all__ = ["SubContext"]
 
 
 class SubContext(OpContext):
@@ -34,6 +34,7 @@ class SubContext(OpContext):
             timeout=parent.timeout,
             segment_bytes=parent.segment_bytes,
             tag_base=parent.tag_base + tag_base,
+            topo=parent.topo,
         )
         self.parent = parent
         self.diagnose = parent.diagnose
@@ -54,12 +55,3 @@ class SubContext(OpContext):
             if self.parent._aborted is not None:  # the root cause beats its consequences
                 raise self.parent._aborted from None
             raise
-
-
-def host_layout(ctx: OpContext) -> list[list[int]]:
-    """The context's group ranks by host, hosts in order of their lowest rank."""
-    host_of: dict[int, str] = getattr(ctx.router, "host_of", {}) or {}
-    by_host: dict[str, list[int]] = {}
-    for g, r in enumerate(ctx.ranks):
-        by_host.setdefault(host_of.get(r, ""), []).append(g)
-    return list(by_host.values())

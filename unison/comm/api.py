@@ -1,9 +1,12 @@
 """The module-level API: torch.distributed's names and semantics.
 
 Every collective works in place on the caller's buffers (numpy arrays or torch
-CPU tensors), takes ``group=None`` (the world) and ``async_op=False``; with
-``async_op=True`` it returns a :class:`Work` instead of blocking. ``src``/``dst``
-are global ranks, also for sub-groups.
+tensors: CPU tensors on every backend; CUDA tensors for broadcast, all_reduce and
+reduce on the ``torch`` backend, which hands them to NCCL), takes ``group=None``
+(the world) and ``async_op=False``; with ``async_op=True`` it returns a
+:class:`Work` instead of blocking. ``src``/``dst`` are global ranks, also for
+sub-groups. Arguments are checked once (:mod:`.collectives`); the group's backend
+then runs the call.
 """
 
 from __future__ import annotations

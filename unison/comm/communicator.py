@@ -1,4 +1,4 @@
-"""A communicator: one group of ranks, its ordered engine, failure routing and p2p.
+"""A communicator: one group of ranks, its ordered queue, failure routing and p2p.
 
 The collectives themselves (validation and algorithm calls) are in
 :mod:`unison.comm.collectives`; this module runs them: it numbers each call,
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..algorithms import OpCode, OpContext, describe
+from ..algorithms import OpCode, OpContext, Topology, describe
 from ..buffers import Buffer, as_buffer
 from ..errors import (
     AbortedError,
@@ -25,10 +25,11 @@ from ..errors import (
     InvalidArgumentError,
     MismatchError,
 )
+from ..link import Link
 from ..log import get_logger
 from ..transport.framing import Control, Kind, OpSig
 from .desync import ROOTED, Confirmation, foreign_frame_error
-from .engine import Engine
+from .ordered import OrderedQueue
 from .work import RequestWork, Work
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["Communicator"]
 
 log = get_logger("comm")
+_NO_TOPOLOGY = Topology(Link())
 _MAX_TAG = (1 << 32) - 1
 
 
@@ -57,7 +59,9 @@ class Communicator:
         self.rank: int | None = self.ranks.index(rt.rank) if rt.rank in self.ranks else None
         #: the engine that runs this group's operations (chosen once, at init)
         self.backend: Backend = rt.backend
-        self.engine = Engine(f"group-{gid}")
+        #: the native engine's view of the group (link, shared slots, host layout)
+        self.topo: Topology = _NO_TOPOLOGY
+        self.queue = OrderedQueue(f"group-{gid}")
         self._lock = threading.Lock()
         self._seq = 0
         self._done = 0
@@ -110,7 +114,7 @@ class Communicator:
             seq = self._seq
 
         def launch(inline: bool) -> None:
-            self.engine.run(task, inline=inline)
+            self.queue.run(task, inline=inline)
 
         work = Work(f"{op.label} #{seq} (group {self.id})", launch)
 
@@ -140,6 +144,7 @@ class Communicator:
             deadline=time.monotonic() + cfg.timeout,
             timeout=cfg.timeout,
             segment_bytes=cfg.segment_bytes,
+            topo=self.topo,
         )
         ctx.diagnose = self._diagnose_timeout
         with self._lock:
@@ -397,4 +402,4 @@ class Communicator:
         return translate
 
     def close(self) -> None:
-        self.engine.close()
+        self.queue.close()

@@ -32,7 +32,7 @@ __all__ = ["NATIVE", "NativeBackend", "open_runtime"]
 
 
 def _choose(comm: Communicator, coll: str, nbytes: int) -> Any:
-    return comm.rt.choose(coll, comm.size, nbytes).module
+    return comm.rt.choose(coll, comm.size, nbytes, comm).module
 
 
 class NativeBackend:

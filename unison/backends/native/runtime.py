@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...algorithms import Choice, choose
+from ...algorithms import Choice, Topology, choose
 from ...bootstrap import advertise_address, connect_mesh
 from ...comm.backend import Backend
 from ...comm.communicator import Communicator
@@ -104,6 +104,7 @@ class Runtime:
 
             install(self, cfg.faults)
         self.world = Communicator(self, 0, range(self.size))
+        self.world.topo = self._topology(self.world.ranks, world=True)
         self.groups[0] = self.world
 
     def _open_store(self) -> Store:
@@ -131,8 +132,20 @@ class Runtime:
     def forget(self, group: int, seq: int) -> None:
         self.fabric.forget(group, seq)
 
-    def choose(self, coll: str, p: int, nbytes: int) -> Choice:
-        return choose(coll, p, nbytes, self.link, self.overrides)
+    def choose(self, coll: str, p: int, nbytes: int, group: Communicator | None = None) -> Choice:
+        """The algorithm for ``coll`` on ``group`` (default: the world) of ``p`` ranks."""
+        topo = (self.world if group is None else group).topo
+        return choose(coll, p, nbytes, topo, self.overrides)
+
+    def _topology(self, ranks: Sequence[int], world: bool) -> Topology:
+        """A group's topology, identical on every rank (from what the fabric agreed)."""
+        host_of = self.fabric.host_of
+        by_host: dict[str, list[int]] = {}
+        for g, r in enumerate(ranks):
+            by_host.setdefault(host_of.get(r, ""), []).append(g)
+        arena = self.fabric.arena if world else None
+        hosts = tuple(tuple(h) for h in by_host.values())
+        return Topology(self.link, shared=arena is not None, arena=arena, hosts=hosts)
 
     # --- groups -------------------------------------------------------------------------------
     def new_group(self, ranks: Sequence[int] | None) -> Communicator:
@@ -148,6 +161,7 @@ class Runtime:
             gid = self._next_gid
             self._next_gid += 1
             comm = Communicator(self, gid, sorted(members))
+            comm.topo = self._topology(comm.ranks, world=False)
             self.groups[gid] = comm
         return comm
 

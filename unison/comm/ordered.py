@@ -12,10 +12,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["Engine"]
+__all__ = ["OrderedQueue"]
 
 
-class Engine:
+class OrderedQueue:
     def __init__(self, name: str) -> None:
         self.name = name
         self._cv = threading.Condition()
