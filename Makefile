@@ -6,19 +6,24 @@ STAMP := $(VENV)/.installed
 # the torch release the suite runs on (pyproject.toml's extra accepts a range)
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo primitives test lint typecheck unit soak fuzz clean
+.PHONY: demo demo-keras primitives test lint typecheck unit soak fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q 'torch==$(TORCH_VERSION)'
-	$(BIN)/pip install -q -e '.[dev,torch,examples]'
+	$(BIN)/pip install -q -e '.[dev,torch,examples,tensorflow,jax]'
 	touch $(STAMP)
 
 # The main job: data-parallel training of a CNN on scikit-learn's digits, 2 ranks,
 # through unison.torch (a Horovod script with `import unison.torch as hvd`).
 demo: $(STAMP)
 	$(BIN)/unison run -np 2 $(BIN)/python examples/pytorch_digits.py
+
+# The same job in Keras 3 through unison.keras (KERAS_BACKEND=tensorflow|torch|jax).
+KERAS_BACKEND ?= tensorflow
+demo-keras: $(STAMP)
+	KERAS_BACKEND=$(KERAS_BACKEND) $(BIN)/unison run -np 2 $(BIN)/python examples/keras_digits.py
 
 # Every primitive of the core API once, on 4 ranks.
 primitives: $(STAMP)

@@ -5,9 +5,13 @@
 A convolutional model of about 10 M parameters (built inline, no download) is
 trained on random batches. ``--mode unison`` uses ``unison.torch`` (Horovod's
 API), ``--mode ddp`` the same model under ``torch.nn.parallel.DistributedDataParallel``
-over Gloo, ``--mode both`` runs one after the other in the same job and prints
-the step-time ratio. ``--latency`` adds the per-operation overhead of a 4-byte
-allreduce through both stacks.
+over a torch.distributed backend (``--ddp-backend gloo``, ``unison`` -- unison's
+c10d backend, ``import unison.torch.distributed`` -- or ``both``), ``--mode both``
+runs them one after the other in the same job and prints the step-time ratios
+(DDP-unison / DDP-gloo is the one a DDP user sees when changing the backend name).
+``--latency`` adds the per-operation overhead of a 4-byte allreduce through the stacks.
+
+    unison run -np 2 python examples/pytorch_synthetic_benchmark.py --mode ddp --ddp-backend both
 """
 
 from __future__ import annotations
@@ -48,19 +52,28 @@ def log(text: str) -> None:
         print(text, flush=True)
 
 
+GROUPS: dict[str, object] = {}  # torch.distributed backend name -> its process group
+
+
 def run(args: argparse.Namespace, mode: str) -> float:
-    """Mean seconds per step (``--num-batches-per-iter`` batches) for one mode."""
+    """Mean seconds per step (``--num-batches-per-iter`` batches) for one mode
+    (``unison``, or ``ddp-<backend>``)."""
     torch.manual_seed(0)
     model = Net()
-    lr = 0.01 * (1 if mode == "ddp" else args.batches_per_allreduce)
+    ddp = mode.startswith("ddp")
+    lr = 0.01 * (1 if ddp else args.batches_per_allreduce)
     data = torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 1000, (args.batch_size,))
-    if mode == "ddp":
+    if ddp:
         import torch.distributed as dist
 
-        model = nn.parallel.DistributedDataParallel(model)
+        group = GROUPS[mode.split("-", 1)[1]]
+        model = nn.parallel.DistributedDataParallel(model, process_group=group)
         opt = torch.optim.SGD(model.parameters(), lr=lr)
-        sync = dist.barrier
+
+        def sync() -> None:
+            dist.barrier(group=group)
+
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         opt = hvd.DistributedOptimizer(
@@ -76,7 +89,7 @@ def run(args: argparse.Namespace, mode: str) -> float:
     def step() -> None:
         for _ in range(args.num_batches_per_iter):
             opt.zero_grad()
-            for _ in range(1 if mode == "ddp" else args.batches_per_allreduce):
+            for _ in range(1 if ddp else args.batches_per_allreduce):
                 F.cross_entropy(model(data), target).backward()
             opt.step()
 
@@ -89,14 +102,12 @@ def run(args: argparse.Namespace, mode: str) -> float:
         t = timeit.timeit(step, number=1)
         times.append(t)
         imgs = (
-            args.batch_size
-            * args.num_batches_per_iter
-            * (1 if mode == "ddp" else args.batches_per_allreduce)
+            args.batch_size * args.num_batches_per_iter * (1 if ddp else args.batches_per_allreduce)
         )
         log(f"[{mode}] iter #{i}: {imgs / t:.1f} img/sec per rank")
     sync()
     per_step = statistics.mean(times) / args.num_batches_per_iter
-    imgs = args.batch_size * (1 if mode == "ddp" else args.batches_per_allreduce)
+    imgs = args.batch_size * (1 if ddp else args.batches_per_allreduce)
     rate = imgs / per_step
     log(
         f"[{mode}] img/sec per rank: {rate:.1f}; total on {hvd.size()} ranks: "
@@ -128,7 +139,8 @@ def latency(n: int) -> dict[str, float]:
     return out
 
 
-def init_gloo() -> None:
+def init_gloo(backends: list[str]) -> None:
+    """The default group on Gloo (as before), plus a group per other ``backends``."""
     import torch.distributed as dist
 
     port = 0
@@ -140,11 +152,22 @@ def init_gloo() -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size()
     )
+    GROUPS["gloo"] = dist.group.WORLD
+    if "unison" in backends:
+        import unison.torch.distributed  # noqa: F401  registers the c10d backend "unison"
+
+        GROUPS["unison"] = dist.new_group(backend="unison")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mode", choices=["unison", "ddp", "both"], default="unison")
+    ap.add_argument(
+        "--ddp-backend",
+        choices=["gloo", "unison", "both"],
+        default="gloo",
+        help="torch.distributed backend(s) under DDP",
+    )
     ap.add_argument("--fp16-allreduce", action="store_true")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--num-warmup-batches", type=int, default=2)
@@ -159,13 +182,17 @@ def main() -> None:
 
     hvd.init()
     torch.set_num_threads(args.threads)
+    backends = ["gloo", "unison"] if args.ddp_backend == "both" else [args.ddp_backend]
     if args.mode in ("ddp", "both") or args.latency:
-        init_gloo()
-    results = {}
-    for mode in ["unison", "ddp"] if args.mode == "both" else [args.mode]:
-        results[mode] = run(args, mode)
-    if len(results) == 2:
-        log(f"step time unison.torch / DDP-gloo: {results['unison'] / results['ddp']:.2f}x")
+        init_gloo(backends)
+    modes = [f"ddp-{b}" for b in backends]
+    if args.mode != "ddp":
+        modes = ["unison", *modes] if args.mode == "both" else ["unison"]
+    results = {mode: run(args, mode) for mode in modes}
+    for mode in results:
+        if mode != "ddp-gloo" and "ddp-gloo" in results:
+            ratio = results[mode] / results["ddp-gloo"]
+            log(f"step time {mode} / ddp-gloo: {ratio:.2f}x (np={hvd.size()})")
     if args.latency:
         for name, us in latency(args.latency).items():
             log(f"4-byte allreduce, {name}: {us:.0f} us per operation")

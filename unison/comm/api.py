@@ -11,28 +11,35 @@ then runs the call.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal, overload
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, overload
 
 from .._types import BufferLike, ReduceOp
+from ..errors import InvalidArgumentError
 from ..world import current
 from . import collectives as _c
+from . import objects as _objects
 from .communicator import Communicator as Group
 from .work import Work
 
 __all__ = [
     "Group",
+    "P2POp",
     "all_gather",
     "all_gather_into_tensor",
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
+    "broadcast_object_list",
     "cross_rank",
     "cross_size",
     "gather",
+    "get_rank",
     "get_world_group",
+    "get_world_size",
     "irecv",
     "isend",
     "local_rank",
@@ -52,6 +59,20 @@ __all__ = [
 def _g(group: Group | None) -> Group:
     rt = current()
     return rt.world if group is None else group
+
+
+def get_rank(group: Group | None = None) -> int:
+    """torch.distributed's name: this process's rank in ``group`` (the world by default)."""
+    g = _g(group)
+    r = g.rank
+    if r is None:
+        return -1  # torch.distributed returns -1 for non-members
+    return int(r)
+
+
+def get_world_size(group: Group | None = None) -> int:
+    """torch.distributed's name: the number of ranks in ``group`` (the world by default)."""
+    return _g(group).size
 
 
 def rank() -> int:
@@ -94,66 +115,78 @@ def new_group(ranks: Sequence[int] | None = None) -> Group:
     return current().new_group(ranks)
 
 
-def send(buf: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> None:
-    """Send ``buf`` to rank ``dst``; messages with one tag arrive in order."""
-    isend(buf, dst, tag, group).wait()
+def send(tensor: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> None:
+    """Send ``tensor`` to rank ``dst``; messages with one tag arrive in order."""
+    isend(tensor, dst, tag, group).wait()
 
 
-def recv(buf: BufferLike, src: int, tag: int = 0, group: Group | None = None) -> None:
-    """Receive a message from rank ``src`` with ``tag`` into ``buf``."""
-    irecv(buf, src, tag, group).wait()
+def recv(
+    tensor: BufferLike, src: int | None = None, tag: int = 0, group: Group | None = None
+) -> int:
+    """Receive a message from rank ``src`` with ``tag`` into ``tensor``; returns the sender.
+
+    ``src=None`` receives from any rank of the group (torch.distributed's meaning):
+    the first message to arrive; messages of one sender arrive in the order sent."""
+    w = irecv(tensor, src, tag, group)
+    w.wait()
+    return int(getattr(getattr(w, "_req", None), "peer", src if src is not None else -1))
 
 
-def isend(buf: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> Work:
-    """Start sending ``buf`` to ``dst``; do not modify ``buf`` until the Work completes."""
-    return _g(group).isend(buf, dst, tag)
+def isend(tensor: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> Work:
+    """Start sending ``tensor`` to ``dst``; do not modify ``tensor`` until the Work completes."""
+    return _g(group).isend(tensor, dst, tag)
 
 
-def irecv(buf: BufferLike, src: int, tag: int = 0, group: Group | None = None) -> Work:
-    """Start receiving from ``src`` into ``buf``."""
-    return _g(group).irecv(buf, src, tag)
+def irecv(
+    tensor: BufferLike, src: int | None = None, tag: int = 0, group: Group | None = None
+) -> Work:
+    """Start receiving from ``src`` (None: any rank of the group) into ``tensor``."""
+    return _g(group).irecv(tensor, src, tag)
 
 
 @overload
 def broadcast(
-    buf: BufferLike, src: int = 0, group: Group | None = None, async_op: Literal[False] = False
+    tensor: BufferLike, src: int = 0, group: Group | None = None, async_op: Literal[False] = False
 ) -> None: ...
 @overload
 def broadcast(
-    buf: BufferLike, src: int = 0, group: Group | None = None, *, async_op: Literal[True]
+    tensor: BufferLike, src: int = 0, group: Group | None = None, *, async_op: Literal[True]
 ) -> Work: ...
 def broadcast(
-    buf: BufferLike, src: int = 0, group: Group | None = None, async_op: bool = False
+    tensor: BufferLike, src: int = 0, group: Group | None = None, async_op: bool = False
 ) -> Work | None:
-    """Copy ``buf`` from rank ``src`` (a global rank) to every rank of the group, in place."""
-    return _c.broadcast(_g(group), buf, src, async_op)
+    """Copy ``tensor`` from rank ``src`` (a global rank) to every rank of the group, in place."""
+    return _c.broadcast(_g(group), tensor, src, async_op)
 
 
 @overload
 def all_reduce(
-    buf: BufferLike,
+    tensor: BufferLike,
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
     async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def all_reduce(
-    buf: BufferLike,
+    tensor: BufferLike,
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
     *,
     async_op: Literal[True],
 ) -> Work: ...
 def all_reduce(
-    buf: BufferLike, op: ReduceOp = ReduceOp.SUM, group: Group | None = None, async_op: bool = False
+    tensor: BufferLike,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
-    """Reduce ``buf`` over the group with ``op``; every rank gets the result, in place."""
-    return _c.all_reduce(_g(group), buf, op, async_op)
+    """Reduce ``tensor`` over the group with ``op``; every rank gets the result, in place."""
+    return _c.all_reduce(_g(group), tensor, op, async_op)
 
 
 @overload
 def reduce(
-    buf: BufferLike,
+    tensor: BufferLike,
     dst: int = 0,
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
@@ -161,7 +194,7 @@ def reduce(
 ) -> None: ...
 @overload
 def reduce(
-    buf: BufferLike,
+    tensor: BufferLike,
     dst: int = 0,
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
@@ -169,59 +202,70 @@ def reduce(
     async_op: Literal[True],
 ) -> Work: ...
 def reduce(
-    buf: BufferLike,
+    tensor: BufferLike,
     dst: int = 0,
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
     async_op: bool = False,
 ) -> Work | None:
-    """Reduce ``buf`` over the group into rank ``dst``'s ``buf``; other buffers stay unchanged."""
-    return _c.reduce(_g(group), buf, dst, op, async_op)
+    """Reduce ``tensor`` over the group into rank ``dst``'s ``tensor``; others stay unchanged."""
+    return _c.reduce(_g(group), tensor, dst, op, async_op)
 
 
 @overload
 def all_gather(
-    out_list: Sequence[BufferLike],
-    buf: BufferLike,
+    tensor_list: Sequence[BufferLike],
+    tensor: BufferLike,
     group: Group | None = None,
     async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def all_gather(
-    out_list: Sequence[BufferLike],
-    buf: BufferLike,
+    tensor_list: Sequence[BufferLike],
+    tensor: BufferLike,
     group: Group | None = None,
     *,
     async_op: Literal[True],
 ) -> Work: ...
 def all_gather(
-    out_list: Sequence[BufferLike],
-    buf: BufferLike,
+    tensor_list: Sequence[BufferLike],
+    tensor: BufferLike,
     group: Group | None = None,
     async_op: bool = False,
 ) -> Work | None:
-    """Gather every rank's ``buf`` into ``out_list[i]`` (one per group rank), on every rank."""
-    return _c.all_gather(_g(group), out_list, buf, async_op)
+    """Gather every rank's ``tensor`` into ``tensor_list[i]`` (one per group rank), everywhere."""
+    return _c.all_gather(_g(group), tensor_list, tensor, async_op)
 
 
 @overload
 def all_gather_into_tensor(
-    out: BufferLike, buf: BufferLike, group: Group | None = None, async_op: Literal[False] = False
+    output_tensor: BufferLike,
+    input_tensor: BufferLike,
+    group: Group | None = None,
+    async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def all_gather_into_tensor(
-    out: BufferLike, buf: BufferLike, group: Group | None = None, *, async_op: Literal[True]
+    output_tensor: BufferLike,
+    input_tensor: BufferLike,
+    group: Group | None = None,
+    *,
+    async_op: Literal[True],
 ) -> Work: ...
 def all_gather_into_tensor(
-    out: BufferLike, buf: BufferLike, group: Group | None = None, async_op: bool = False
+    output_tensor: BufferLike,
+    input_tensor: BufferLike,
+    group: Group | None = None,
+    async_op: bool = False,
 ) -> Work | None:
-    """Gather every rank's ``buf`` into one ``out`` of ``size`` x ``buf`` elements (rank order)."""
-    return _c.all_gather_into_tensor(_g(group), out, buf, async_op)
+    """Gather every rank's ``input_tensor`` into one ``output_tensor`` of ``size`` x
+    ``input_tensor`` elements (rank order)."""
+    return _c.all_gather_into_tensor(_g(group), output_tensor, input_tensor, async_op)
 
 
 @overload
 def gather(
-    buf: BufferLike,
+    tensor: BufferLike,
     gather_list: Sequence[BufferLike] | None = None,
     dst: int = 0,
     group: Group | None = None,
@@ -229,7 +273,7 @@ def gather(
 ) -> None: ...
 @overload
 def gather(
-    buf: BufferLike,
+    tensor: BufferLike,
     gather_list: Sequence[BufferLike] | None = None,
     dst: int = 0,
     group: Group | None = None,
@@ -237,19 +281,19 @@ def gather(
     async_op: Literal[True],
 ) -> Work: ...
 def gather(
-    buf: BufferLike,
+    tensor: BufferLike,
     gather_list: Sequence[BufferLike] | None = None,
     dst: int = 0,
     group: Group | None = None,
     async_op: bool = False,
 ) -> Work | None:
-    """Gather every rank's ``buf`` into ``gather_list`` on rank ``dst`` (None elsewhere)."""
-    return _c.gather(_g(group), buf, gather_list, dst, async_op)
+    """Gather every rank's ``tensor`` into ``gather_list`` on rank ``dst`` (None elsewhere)."""
+    return _c.gather(_g(group), tensor, gather_list, dst, async_op)
 
 
 @overload
 def scatter(
-    buf: BufferLike,
+    tensor: BufferLike,
     scatter_list: Sequence[BufferLike] | None = None,
     src: int = 0,
     group: Group | None = None,
@@ -257,7 +301,7 @@ def scatter(
 ) -> None: ...
 @overload
 def scatter(
-    buf: BufferLike,
+    tensor: BufferLike,
     scatter_list: Sequence[BufferLike] | None = None,
     src: int = 0,
     group: Group | None = None,
@@ -265,101 +309,101 @@ def scatter(
     async_op: Literal[True],
 ) -> Work: ...
 def scatter(
-    buf: BufferLike,
+    tensor: BufferLike,
     scatter_list: Sequence[BufferLike] | None = None,
     src: int = 0,
     group: Group | None = None,
     async_op: bool = False,
 ) -> Work | None:
-    """Send ``scatter_list[i]`` from rank ``src`` to group rank i's ``buf``."""
-    return _c.scatter(_g(group), buf, scatter_list, src, async_op)
+    """Send ``scatter_list[i]`` from rank ``src`` to group rank i's ``tensor``."""
+    return _c.scatter(_g(group), tensor, scatter_list, src, async_op)
 
 
 @overload
 def reduce_scatter(
-    out: BufferLike,
-    in_list: Sequence[BufferLike],
+    output: BufferLike,
+    input_list: Sequence[BufferLike],
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
     async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def reduce_scatter(
-    out: BufferLike,
-    in_list: Sequence[BufferLike],
+    output: BufferLike,
+    input_list: Sequence[BufferLike],
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
     *,
     async_op: Literal[True],
 ) -> Work: ...
 def reduce_scatter(
-    out: BufferLike,
-    in_list: Sequence[BufferLike],
+    output: BufferLike,
+    input_list: Sequence[BufferLike],
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
     async_op: bool = False,
 ) -> Work | None:
-    """Reduce ``in_list[i]`` over the group into group rank i's ``out``."""
-    return _c.reduce_scatter(_g(group), out, in_list, op, async_op)
+    """Reduce ``input_list[i]`` over the group into group rank i's ``output``."""
+    return _c.reduce_scatter(_g(group), output, input_list, op, async_op)
 
 
 @overload
 def reduce_scatter_tensor(
-    out: BufferLike,
-    inbuf: BufferLike,
+    output: BufferLike,
+    input: BufferLike,
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
     async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def reduce_scatter_tensor(
-    out: BufferLike,
-    inbuf: BufferLike,
+    output: BufferLike,
+    input: BufferLike,
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
     *,
     async_op: Literal[True],
 ) -> Work: ...
 def reduce_scatter_tensor(
-    out: BufferLike,
-    inbuf: BufferLike,
+    output: BufferLike,
+    input: BufferLike,
     op: ReduceOp = ReduceOp.SUM,
     group: Group | None = None,
     async_op: bool = False,
 ) -> Work | None:
-    """Reduce-scatter from one buffer of ``size`` x ``out`` elements (block i goes to rank i)."""
-    return _c.reduce_scatter_tensor(_g(group), out, inbuf, op, async_op)
+    """Reduce-scatter from one buffer of ``size`` x ``output`` elements (block i goes to rank i)."""
+    return _c.reduce_scatter_tensor(_g(group), output, input, op, async_op)
 
 
 @overload
 def all_to_all(
-    out_list: Sequence[BufferLike],
-    in_list: Sequence[BufferLike],
+    output_tensor_list: Sequence[BufferLike],
+    input_tensor_list: Sequence[BufferLike],
     group: Group | None = None,
     async_op: Literal[False] = False,
 ) -> None: ...
 @overload
 def all_to_all(
-    out_list: Sequence[BufferLike],
-    in_list: Sequence[BufferLike],
+    output_tensor_list: Sequence[BufferLike],
+    input_tensor_list: Sequence[BufferLike],
     group: Group | None = None,
     *,
     async_op: Literal[True],
 ) -> Work: ...
 def all_to_all(
-    out_list: Sequence[BufferLike],
-    in_list: Sequence[BufferLike],
+    output_tensor_list: Sequence[BufferLike],
+    input_tensor_list: Sequence[BufferLike],
     group: Group | None = None,
     async_op: bool = False,
 ) -> Work | None:
-    """Send ``in_list[j]`` to group rank j; receive its block into ``out_list[j]``."""
-    return _c.all_to_all(_g(group), out_list, in_list, async_op)
+    """Send ``input_tensor_list[j]`` to group rank j; receive into ``output_tensor_list[j]``."""
+    return _c.all_to_all(_g(group), output_tensor_list, input_tensor_list, async_op)
 
 
 @overload
 def all_to_all_single(
-    out: BufferLike,
-    inbuf: BufferLike,
+    output: BufferLike,
+    input: BufferLike,
     output_split_sizes: Sequence[int] | None = None,
     input_split_sizes: Sequence[int] | None = None,
     group: Group | None = None,
@@ -367,8 +411,8 @@ def all_to_all_single(
 ) -> None: ...
 @overload
 def all_to_all_single(
-    out: BufferLike,
-    inbuf: BufferLike,
+    output: BufferLike,
+    input: BufferLike,
     output_split_sizes: Sequence[int] | None = None,
     input_split_sizes: Sequence[int] | None = None,
     group: Group | None = None,
@@ -376,8 +420,8 @@ def all_to_all_single(
     async_op: Literal[True],
 ) -> Work: ...
 def all_to_all_single(
-    out: BufferLike,
-    inbuf: BufferLike,
+    output: BufferLike,
+    input: BufferLike,
     output_split_sizes: Sequence[int] | None = None,
     input_split_sizes: Sequence[int] | None = None,
     group: Group | None = None,
@@ -385,7 +429,7 @@ def all_to_all_single(
 ) -> Work | None:
     """All-to-all of single buffers split along the first dimension (equal or given splits)."""
     return _c.all_to_all_single(
-        _g(group), out, inbuf, output_split_sizes, input_split_sizes, async_op
+        _g(group), output, input, output_split_sizes, input_split_sizes, async_op
     )
 
 
@@ -396,3 +440,46 @@ def barrier(group: Group | None = None, *, async_op: Literal[True]) -> Work: ...
 def barrier(group: Group | None = None, async_op: bool = False) -> Work | None:
     """Return only when every rank of the group has entered the barrier."""
     return _c.barrier(_g(group), async_op)
+
+
+class P2POp:
+    """One send or receive of :func:`batch_isend_irecv` (torch.distributed's class):
+    ``op`` is :func:`isend` or :func:`irecv`, ``peer`` a global rank."""
+
+    def __init__(
+        self,
+        op: Callable[..., Work],
+        tensor: BufferLike,
+        peer: int | None = None,
+        group: Group | None = None,
+        tag: int = 0,
+    ) -> None:
+        if op not in (isend, irecv):
+            raise InvalidArgumentError(
+                "Invalid ``op``. Expected ``op`` to be of type ``unison.isend`` or "
+                "``unison.irecv``."
+            )
+        if peer is None:
+            raise InvalidArgumentError("P2POp: peer must be given")
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
+    """Start every send and receive of the list; returns their Works, in list order."""
+    if not p2p_op_list or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise InvalidArgumentError(
+            "Invalid ``p2p_op_list``. Each op is expected to to be of type ``unison.P2POp``."
+        )
+    return [p.op(p.tensor, p.peer, p.tag, p.group) for p in p2p_op_list]
+
+
+def broadcast_object_list(object_list: list[Any], src: int = 0, group: Group | None = None) -> None:
+    """Replace ``object_list``'s items, on every rank, with those of rank ``src`` (in place)."""
+    g = _g(group)
+    objs = _objects.broadcast_object(g, list(object_list) if g.rt.rank == src else None, src)
+    if len(objs) != len(object_list):
+        raise InvalidArgumentError(
+            f"broadcast_object_list: rank {src} sent {len(objs)} objects, this rank's list "
+            f"has {len(object_list)}"
+        )
+    object_list[:] = objs

@@ -28,6 +28,7 @@ from ..errors import (
 from ..link import Link
 from ..log import get_logger
 from ..transport.framing import Control, Kind, OpSig
+from ..transport.matching import ANY_SOURCE
 from .desync import ROOTED, Confirmation, foreign_frame_error
 from .ordered import OrderedQueue
 from .work import RequestWork, Work
@@ -349,8 +350,18 @@ class Communicator:
         b, peer = self.p2p_args(buf, dst, tag, "send", writable=False)
         return self.backend.isend(self, b, peer, int(tag))
 
-    def irecv(self, buf: Any, src: int, tag: int = 0) -> Work:
-        """Start receiving from global rank ``src`` into ``buf`` on this group's engine."""
+    def irecv(self, buf: Any, src: int | None, tag: int = 0) -> Work:
+        """Start receiving from global rank ``src`` into ``buf`` on this group's engine;
+        ``src=None``: from any rank of the group (the Work's ``source`` is the sender)."""
+        if src is None:
+            b, _ = self.p2p_args(
+                buf,
+                self.ranks[0] if self.rt.rank != self.ranks[0] else self.ranks[-1],
+                tag,
+                "recv",
+                writable=True,
+            )
+            return self.backend.irecv(self, b, ANY_SOURCE, int(tag))
         b, peer = self.p2p_args(buf, src, tag, "recv", writable=True)
         return self.backend.irecv(self, b, peer, int(tag))
 
@@ -370,10 +381,13 @@ class Communicator:
         sig = self.sig(OpCode.P2P, b.dtype, b.count)
         cfg = self.rt.config
         deadline = time.monotonic() + cfg.timeout
-        req = self.rt.router.irecv(
-            peer, (int(Kind.P2P), self.id, 0, int(tag)), b.array.view(np.uint8), sig
-        )
-        name = f"recv from rank {peer} (tag {tag})"
+        key = (int(Kind.P2P), self.id, 0, int(tag))
+        if peer == ANY_SOURCE:
+            req = self.rt.router.irecv_any(key, b.array.view(np.uint8), sig)
+            name = f"recv from any rank (tag {tag})"
+        else:
+            req = self.rt.router.irecv(peer, key, b.array.view(np.uint8), sig)
+            name = f"recv from rank {peer} (tag {tag})"
         return RequestWork(
             name,
             req,

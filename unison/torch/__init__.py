@@ -13,6 +13,7 @@ ranks raises on every rank instead of hanging.
 
 from __future__ import annotations
 
+from . import distributed as _c10d  # noqa: F401  registers the c10d backend "unison"
 from . import elastic
 from .basics import (
     ProcessSet,

@@ -93,6 +93,7 @@ class Executor:
         self.settings = settings
         self.timeline = timeline
         self._fusion: dict[torch.dtype, torch.Tensor] = {}
+        self.collectives = 0  # data collectives issued (a count for tests and profiles)
 
     def close(self) -> None:
         self._fusion.clear()
@@ -114,6 +115,8 @@ class Executor:
                         e.handle.finish(error=_response_error(first))
                 continue
             kind = first.request.kind
+            if kind is not Kind.JOIN:
+                self.collectives += 1
             start = time.perf_counter()
             self._queue_spans(resps, ents, start)
             out: list[Any]

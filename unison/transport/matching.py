@@ -4,10 +4,23 @@ Messages from one peer with one key (kind, group, seq, tag) are delivered in the
 order they were sent; different keys are matched independently. A message that
 arrives before its receive is posted is kept as an *unexpected* message (a copy)
 until the receive is posted.
+
+Any-source receives (``peer == ANY_SOURCE``, MPI's ``MPI_ANY_SOURCE``) take the next
+message with their key from whichever peer. Guarantees, as MPI states them:
+
+* messages from one sender with one key are still received in the order sent;
+* an any-source receive takes the buffered message that arrived first (arrival
+  order at this rank), and a message that arrives finds the receive posted first
+  among those that can take it (any-source and specific receives of that peer,
+  in posting order);
+* between different senders no order exists beyond arrival order (as in MPI).
+
+A matched any-source request has its ``peer`` set to the sender.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -17,17 +30,21 @@ import numpy as np
 from .framing import OpSig
 from .request import Request
 
-__all__ = ["Matcher", "Unexpected"]
+__all__ = ["ANY_SOURCE", "Matcher", "Unexpected"]
 
 Key = tuple[int, int, int, int]
 
+#: the ``peer`` of a receive that takes a message from any sender
+ANY_SOURCE = -1
+
 
 class Unexpected:
-    __slots__ = ("data", "sig")
+    __slots__ = ("data", "order", "sig")
 
     def __init__(self, data: bytearray, sig: OpSig) -> None:
         self.data = data
         self.sig = sig
+        self.order = 0  # arrival stamp, set when buffered
 
 
 #: Called when a message meets its receive: (request, sender's signature, payload or None).
@@ -41,11 +58,35 @@ class Matcher:
         self._lock = threading.Lock()
         self._posted: dict[tuple[int, Key], deque[Request]] = {}
         self._unexpected: dict[tuple[int, Key], deque[Unexpected]] = {}
+        # posting stamps, kept only while any-source receives are pending (the common,
+        # specific-only case pays nothing)
+        self._any: dict[Key, deque[tuple[int, Request]]] = {}
+        self._stamp: dict[int, int] = {}  # id(request) -> posting stamp
+        self._clock = itertools.count(1)
+        #: matchers whose messages any-source receives posted here can take
+        self._group: list[Matcher] = [self]
 
+    def share_any_source(self, other: Matcher) -> None:
+        """Join ``other``'s any-source matching (one lock, one any-source queue): a
+        transport's matcher joins the first one before it carries any message, so an
+        any-source receive sees the messages of every transport's peers."""
+        self._lock = other._lock
+        self._any = other._any
+        self._stamp = other._stamp
+        self._clock = other._clock
+        self._group = other._group
+        self._group.append(self)
+
+    # --- posting ---------------------------------------------------------------------
     def post(self, req: Request) -> Unexpected | None:
-        """Post a receive; returns an unexpected message it matches at once, if any."""
-        slot = (req.peer, req.key)
+        """Post a receive; returns an unexpected message it matches at once, if any.
+
+        For an any-source receive that matched, ``req.peer`` is now the sender.
+        """
         with self._lock:
+            if req.peer == ANY_SOURCE:
+                return self._post_any(req)
+            slot = (req.peer, req.key)
             queue = self._unexpected.get(slot)
             if queue:
                 msg = queue.popleft()
@@ -53,48 +94,94 @@ class Matcher:
                     del self._unexpected[slot]
                 return msg
             self._posted.setdefault(slot, deque()).append(req)
+            if self._any:
+                self._stamp[id(req)] = next(self._clock)
             return None
+
+    def _post_any(self, req: Request) -> Unexpected | None:
+        best: tuple[Matcher, tuple[int, Key]] | None = None
+        for m in self._group:
+            for slot, queue in m._unexpected.items():
+                if slot[1] == req.key and (
+                    best is None or queue[0].order < best[0]._unexpected[best[1]][0].order
+                ):
+                    best = (m, slot)
+        if best is not None:
+            m, slot = best
+            queue = m._unexpected[slot]
+            msg = queue.popleft()
+            if not queue:
+                del m._unexpected[slot]
+            req.peer = slot[0]
+            return msg
+        self._any.setdefault(req.key, deque()).append((next(self._clock), req))
+        return None
+
+    # --- arrivals ----------------------------------------------------------------------
+    def _take(self, peer: int, key: Key) -> Request | None:
+        """The receive that gets a message from ``peer`` now (lock held), removed."""
+        slot = (peer, key)
+        queue = self._posted.get(slot)
+        anyq = self._any.get(key) if self._any else None
+        if anyq and (not queue or anyq[0][0] < self._stamp.get(id(queue[0]), 0)):
+            _, req = anyq.popleft()
+            if not anyq:
+                del self._any[key]
+            req.peer = peer
+            if not self._any:
+                self._stamp.clear()
+            return req
+        if not queue:
+            return None
+        req = queue.popleft()
+        if not queue:
+            del self._posted[slot]
+        if self._stamp:
+            self._stamp.pop(id(req), None)
+        return req
 
     def take_posted(self, peer: int, key: Key) -> Request | None:
         """The oldest receive posted for this message, removed; None if none is."""
-        slot = (peer, key)
         with self._lock:
-            queue = self._posted.get(slot)
-            if not queue:
-                return None
-            req = queue.popleft()
-            if not queue:
-                del self._posted[slot]
-            return req
+            return self._take(peer, key)
 
     def add_unexpected(self, peer: int, key: Key, msg: Unexpected) -> Request | None:
         """Store a message that had no receive; if one was posted meanwhile, return it."""
-        slot = (peer, key)
         with self._lock:
-            queue = self._posted.get(slot)
-            if queue:
-                req = queue.popleft()
-                if not queue:
-                    del self._posted[slot]
+            req = self._take(peer, key)
+            if req is not None:
                 return req
-            self._unexpected.setdefault(slot, deque()).append(msg)
+            msg.order = next(self._clock)
+            self._unexpected.setdefault((peer, key), deque()).append(msg)
             return None
 
+    # --- withdrawal ----------------------------------------------------------------------
     def cancel(self, req: Request) -> None:
-        slot = (req.peer, req.key)
         with self._lock:
+            anyq = self._any.get(req.key)
+            if anyq:
+                for item in anyq:
+                    if item[1] is req:
+                        anyq.remove(item)
+                        if not anyq:
+                            del self._any[req.key]
+                        return
+            slot = (req.peer, req.key)
             queue = self._posted.get(slot)
             if queue and req in queue:
                 queue.remove(req)
+                self._stamp.pop(id(req), None)
                 if not queue:
                     del self._posted[slot]
 
     def drop_peer(self, peer: int) -> list[Request]:
-        """Remove and return every receive posted for ``peer``."""
+        """Remove and return every receive posted for ``peer`` (any-source ones stay)."""
         with self._lock:
             out: list[Request] = []
             for slot in [s for s in self._posted if s[0] == peer]:
                 out.extend(self._posted.pop(slot))
+            for req in out:
+                self._stamp.pop(id(req), None)
             return out
 
     def drop_group_seq(self, group: int, seq: int) -> None:

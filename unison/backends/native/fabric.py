@@ -41,8 +41,9 @@ from ...log import get_logger
 from ...transport import cma
 from ...transport.base import Events, Key, PeerInfo, Transport
 from ...transport.framing import Kind, OpSig
+from ...transport.matching import ANY_SOURCE
 from ...transport.request import Request
-from ...transport.shm import ShmTransport
+from ...transport.shm import ShmRequest, ShmTransport
 from ...transport.shm_ring import Ring
 from ...transport.shm_segment import Segment, plan
 from ...transport.tcp import TcpTransport
@@ -192,6 +193,7 @@ class Fabric:
         if not shared or seg is None:
             return set()
         self.shm = ShmTransport(self.rank, self.events, seg, len(local) + 1, self.tcp.send_control)
+        self.shm.matcher.share_any_source(self.tcp.matcher)  # any-source sees every peer
         for p in sorted(shared):
             inbound = Ring(seg, layout.rings[p], RING_BYTES)
             outbound = Ring(mapped[p], ring_of_peer(theirs[p], self.rank), RING_BYTES)
@@ -245,7 +247,23 @@ class Fabric:
     def irecv(self, peer: int, key: Key, view: np.ndarray, sig: OpSig) -> Request:
         return self._to(peer).irecv(peer, key, view, sig)
 
+    def irecv_any(self, key: Key, view: np.ndarray, sig: OpSig) -> Request:
+        """Receive the next message with ``key`` from any peer (``req.peer`` becomes the
+        sender); the order guarantees are :mod:`unison.transport.matching`'s."""
+        req = (
+            Request(ANY_SOURCE, key, view, sig)
+            if self.shm is None
+            else ShmRequest(self.shm, ANY_SOURCE, key, view, sig)
+        )
+        msg = self.tcp.matcher.post(req)
+        if msg is not None:
+            self.tcp._deliver_copy(req, msg)
+        return req
+
     def cancel(self, peer: int, req: Request) -> None:
+        if req.peer == ANY_SOURCE:
+            self.tcp.matcher.cancel(req)
+            return
         self._to(peer).cancel(req)
 
     def send_control(self, peer: int, ctl: int, payload: bytes) -> None:

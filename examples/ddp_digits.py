@@ -1,0 +1,138 @@
+"""The digits CNN of examples/pytorch_digits.py as a plain torch.distributed DDP script.
+
+    unison run -np 2 python examples/ddp_digits.py             # backend "unison"
+    unison run -np 2 python examples/ddp_digits.py --backend gloo
+    torchrun --nproc-per-node 2 examples/ddp_digits.py
+
+Nothing here is unison's API: the process group is torch.distributed's (``env://``:
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), the model is wrapped in
+``DistributedDataParallel``, the data is sharded with ``DistributedSampler``. The
+only unison lines are the import that registers the backend and its name. At the
+end the script checks the test accuracy and that every rank holds identical
+parameters, and exits non-zero otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import unison.torch.distributed  # noqa: F401  registers the backend "unison"
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+def load_data(seed: int) -> tuple[TensorDataset, TensorDataset]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[:, None, :, :]
+    y = digits.target.astype(np.int64)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
+    return (
+        TensorDataset(torch.from_numpy(xtr), torch.from_numpy(ytr)),
+        TensorDataset(torch.from_numpy(xte), torch.from_numpy(yte)),
+    )
+
+
+def total(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", default="unison")
+    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--batch-size", type=int, default=64, help="global batch (split over ranks)")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--min-accuracy", type=float, default=0.95)
+    args = ap.parse_args()
+
+    dist.init_process_group(args.backend)
+    torch.set_num_threads(1)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if args.batch_size % size:
+        raise SystemExit(f"--batch-size {args.batch_size} is not divisible by {size} ranks")
+    torch.manual_seed(args.seed + rank)  # different on purpose: DDP broadcasts rank 0's
+
+    train, test = load_data(args.seed)
+    sampler = DistributedSampler(train, num_replicas=size, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train, batch_size=args.batch_size // size, sampler=sampler)
+
+    model = DDP(Net())
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+    start = time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        sampler.set_epoch(epoch)
+        loss_sum, correct, seen = 0.0, 0, 0
+        for x, y in loader:
+            opt.zero_grad()
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item() * len(y)
+            correct += int((out.argmax(1) == y).sum())
+            seen += len(y)
+        n = total(seen)
+        tr_loss, tr_acc = total(loss_sum) / n, total(correct) / n
+        if rank == 0:
+            print(f"epoch {epoch:2d}  loss {tr_loss:.4f}  train accuracy {tr_acc:.2%}", flush=True)
+
+    # Test accuracy: each rank scores a shard of the test set, the counts are summed.
+    model.eval()
+    idx = list(range(rank, len(test), size))
+    with torch.no_grad():
+        x, y = test.tensors[0][idx], test.tensors[1][idx]
+        correct = int((model.module(x).argmax(1) == y).sum())
+    acc = total(correct) / total(len(idx))
+
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
+    lo, hi = flat.clone(), flat.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    identical = bool(torch.equal(lo, hi))
+    elapsed = time.perf_counter() - start
+    ok = acc >= args.min_accuracy and identical
+    if rank == 0:
+        print(
+            f"test accuracy {acc:.2%} on {len(test)} images ({size} ranks, backend "
+            f"{dist.get_backend()}, {elapsed:.1f}s of training)"
+        )
+        print(f"parameters identical on all {size} ranks: {'yes' if identical else 'NO'}")
+        print("OK" if ok else f"FAILED (need accuracy >= {args.min_accuracy:.0%})")
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Failures seen through torch.distributed: typed as torch's errors, naming rank and op."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import unison
+import unison.torch.distributed
+
+from ._jobs import init
+
+
+def _catch(fn: Any) -> BaseException:
+    try:
+        fn()
+    except BaseException as exc:
+        return exc
+    raise AssertionError("no error raised")
+
+
+def mismatch_and_timeout() -> dict[str, Any]:
+    """3 ranks; init timeout 4 s. A mismatch on a sub-group, then a timeout on the world."""
+    rank, _ = init(timeout=4.0)
+    store = dist.distributed_c10d._get_default_store()
+    out: dict[str, Any] = {}
+    pair = dist.new_group([0, 1])
+    if rank in (0, 1):
+        exc = _catch(lambda: dist.all_reduce(torch.ones(4 + rank), group=pair))
+        out["mismatch"] = (type(exc).__name__, str(exc))
+        out["mismatch_types"] = (
+            isinstance(exc, dist.DistBackendError),
+            isinstance(exc, RuntimeError),
+            isinstance(exc, unison.MismatchError),
+        )
+    if rank == 2:  # stays alive but never joins the world's all_reduce
+        store.wait(["c10d-test/done0", "c10d-test/done1"], timedelta(seconds=60))
+        return out
+    w = dist.all_reduce(torch.ones(3), async_op=True)
+    exc = _catch(w.wait)
+    out["timeout"] = (type(exc).__name__, str(exc))
+    out["timeout_types"] = (
+        isinstance(exc, dist.DistBackendError),
+        isinstance(exc, TimeoutError),
+        isinstance(exc, unison.CollectiveTimeoutError),
+    )
+    out["exception"] = repr(w.exception())
+    store.set(f"c10d-test/done{rank}", b"1")
+    return out
+
+
+def dead_rank() -> dict[str, Any]:
+    rank, _ = init(timeout=30.0)
+    dist.barrier()
+    if rank == 1:
+        os._exit(3)
+    exc = _catch(lambda: dist.all_reduce(torch.ones(100)))
+    return {
+        "error": (type(exc).__name__, str(exc)),
+        "types": (isinstance(exc, dist.DistBackendError), isinstance(exc, unison.PeerLostError)),
+    }
+
+
+def work_wait_timeout() -> dict[str, Any]:
+    """Work.wait(timeout) gives up without failing the operation, as torch's does.
+    Initialized as "cpu:unison,cuda:nccl": CPU tensors run on unison."""
+    rank, _ = init("cpu:unison,cuda:nccl", timeout=30.0)
+    store = dist.distributed_c10d._get_default_store()
+    out: dict[str, Any] = {}
+    if rank == 0:
+        t = torch.empty(2)
+        w = dist.irecv(t, src=1, tag=3)
+        exc = _catch(lambda: w.wait(timeout=timedelta(seconds=0.2)))
+        out["early"] = (type(exc).__name__, isinstance(exc, dist.DistBackendError))
+        out["completed_early"] = w.is_completed()
+        store.set("c10d-test/go", b"1")
+        w.wait()
+        out["value"] = t.tolist()
+    else:
+        store.wait(["c10d-test/go"], timedelta(seconds=60))
+        dist.send(torch.tensor([5.0, 6.0]), dst=0, tag=3)
+    out["backend"] = str(dist.get_backend())
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    out["sum"] = t.tolist()
+    dist.barrier()
+    dist.destroy_process_group()
+    return out

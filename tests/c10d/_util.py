@@ -1,0 +1,71 @@
+"""Launching torch.distributed jobs on real processes for the c10d tests."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from unison.testing.spawn import Outcome, run_ranks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(
+    fn: Callable[..., Any],
+    size: int,
+    *,
+    transport: str = "auto",
+    args: Sequence[Any] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 100.0,
+    init: bool = False,
+    on_start: Callable[[list[Any]], None] | None = None,
+) -> list[Outcome]:
+    """Run ``fn`` on ``size`` ranks with a fresh torch rendezvous address (C10D_INIT)."""
+    job_env = {
+        "C10D_INIT": f"tcp://127.0.0.1:{free_port()}",
+        "UNISON_TRANSPORT": transport,
+        "UNISON_TIMEOUT": "60",
+        **(env or {}),
+    }
+    return run_ranks(
+        fn, size, args=args, env=job_env, timeout=timeout, init=init, on_start=on_start
+    )
+
+
+def values(outs: list[Outcome]) -> list[Any]:
+    bad = [o.describe() for o in outs if not o.ok]
+    assert not bad, "\n".join(bad)
+    return [o.value for o in outs]
+
+
+def _script(path: str, argv: list[str], port: int) -> int:
+    import os
+    import runpy
+    import sys
+
+    # torchrun's variables (until `unison run` exports them itself)
+    os.environ.update(
+        RANK=os.environ["UNISON_RANK"],
+        WORLD_SIZE=os.environ["UNISON_SIZE"],
+        LOCAL_RANK=os.environ["UNISON_RANK"],
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    sys.argv = [path, *argv]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    return 0
+
+
+def run_script(path: str, size: int, argv: Sequence[str] = (), timeout: float = 110.0) -> None:
+    """Run an example script on ``size`` real processes with torchrun's environment."""
+    values(run(_script, size, args=(path, list(argv), free_port()), timeout=timeout))

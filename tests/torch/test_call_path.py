@@ -1,0 +1,91 @@
+"""The per-op path: how many collectives a steady-state small allreduce issues (counts
+kept by the engine, never timings)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ._util import hvd_spawn
+
+torch = pytest.importorskip("torch")
+
+N = 30
+
+
+def _body() -> dict[str, Any]:
+    import unison.torch as hvd
+    from unison.torch.basics import engine_of
+
+    eng = engine_of(hvd.global_process_set)
+    r, n = hvd.rank(), hvd.size()
+    for _ in range(3):  # the first call is negotiated; later ones hit the response cache
+        hvd.allreduce(torch.ones(1), name="small", op=hvd.Sum)
+    c0, x0, i0 = eng.counts["cycles"], eng.executor.collectives, eng.counts["inline"]
+    for i in range(N):
+        out = hvd.allreduce(torch.tensor([float(r + i)]), name="small", op=hvd.Sum)
+        assert out.item() == sum(q + i for q in range(n)), (i, out)
+    steady = {
+        "cycles": eng.counts["cycles"] - c0,
+        "collectives": eng.executor.collectives - x0,
+        "inline": eng.counts["inline"] - i0,
+    }
+    # the inline path gives what the collective gives: every op, prescale, average,
+    # grouped, in place; a tensor over the inline budget still takes the data collective
+    rng = np.random.default_rng(7 + r)
+    checks = []
+    for dt, op in [
+        (torch.float64, hvd.Average),
+        (torch.int32, hvd.Sum),
+        (torch.int64, hvd.Product),
+        (torch.float32, hvd.Min),
+        (torch.uint8, hvd.Max),
+    ]:
+        a = torch.from_numpy(rng.integers(1, 5, size=(2, 3))).to(dt)
+        got = hvd.allreduce(a, name=f"chk.{dt}.{int(op)}", op=op, prescale_factor=1.0)
+        checks.append((str(dt), int(op), a.numpy().tolist(), got.numpy().tolist()))
+    g = [torch.full((3,), float(r + 1)), torch.full((2, 2), float(2 * r))]
+    got_g = hvd.grouped_allreduce(g, name="grp", op=hvd.Sum, prescale_factor=2.0)
+    t = torch.full((4,), float(r + 1))
+    hvd.allreduce_(t, name="inplace", op=hvd.Average, postscale_factor=3.0)
+    x1 = eng.executor.collectives
+    big = hvd.allreduce(torch.full((1000,), float(r)), name="big", op=hvd.Sum)
+    return {
+        "steady": steady,
+        "checks": checks,
+        "grouped": [x.tolist() for x in got_g],
+        "inplace": t.tolist(),
+        "big": (big[0].item(), eng.executor.collectives - x1),
+    }
+
+
+def test_steady_state_small_allreduce_issues_no_data_collective() -> None:
+    res = hvd_spawn(_body, 2)
+    n = 2
+    for out in res:
+        s = out["steady"]
+        # one cycle message decides and carries the data: no data collective at all;
+        # a rank that submits before its peer may run one empty cycle, never more
+        assert s["collectives"] == 0, s
+        assert s["inline"] == N, s
+        assert N <= s["cycles"] <= 2 * N, s
+        assert out["big"] == (float(sum(range(n))), 1)
+        assert out["grouped"] == [[2.0 * 3] * 3, [[2.0 * 2] * 2] * 2]
+        assert out["inplace"] == [1.5 * 3] * 4
+    per_rank = [out["checks"] for out in res]
+    for j, (dt, op, _, _got) in enumerate(per_rank[0]):
+        parts = [np.array(p[j][2]) for p in per_rank]
+        if op == 0:  # Average
+            want = sum(parts) / n
+        elif op == 1:
+            want = sum(parts)
+        elif op == 3:
+            want = np.minimum(*parts)
+        elif op == 4:
+            want = np.maximum(*parts)
+        else:
+            want = parts[0] * parts[1]
+        for p in per_rank:
+            np.testing.assert_allclose(np.array(p[j][3]), want, err_msg=f"{dt} op {op}")

@@ -1,0 +1,129 @@
+"""``DistributedOptimizer`` for Keras 3 optimizers (every backend) and ``load_model``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from ..torch.basics import ProcessSet, global_process_set
+from ..torch.negotiation import Op
+from ._engine import allreduce_grads
+
+__all__ = ["DistributedOptimizer", "load_model"]
+
+
+class _Distributed:
+    """Mixed in before the wrapped optimizer's class: the gradients that reach the update
+    (after Keras' own accumulation over ``backward_passes_per_step``) are reduced over the
+    process set first, then clipped and applied as usual."""
+
+    _unison: dict[str, Any]
+
+    def _clip_gradients(self, grads: Any) -> Any:
+        u = self._unison
+        grads = list(grads)
+        steps = u["backward_passes_per_step"]
+        if steps > 1 and not u["average_aggregated_gradients"]:
+            # Keras averages the accumulated gradients; Horovod's default sums them
+            grads = [g if g is None else g * steps for g in grads]
+        grads = allreduce_grads(
+            grads, u["op"], u["prescale"], u["postscale"], u["compression"],
+            u["sparse_as_dense"], u["process_set"],
+        )  # fmt: skip
+        return super()._clip_gradients(grads)  # type: ignore[misc]
+
+
+def _wrap_class(cls: type) -> type:
+    if issubclass(cls, _Distributed):
+        return cls
+    new = type(cls.__name__, (_Distributed, cls), {})
+    new.__module__ = cls.__module__  # saves (and loads) as the plain optimizer
+    return new
+
+
+def _install(
+    opt: Any,
+    compression: Any,
+    sparse_as_dense: bool,
+    gradient_predivide_factor: float,
+    op: Any,
+    backward_passes_per_step: int,
+    average_aggregated_gradients: bool,
+    process_set: ProcessSet,
+) -> Any:
+    rop = Op(int(op))
+    if gradient_predivide_factor != 1.0:
+        if rop != Op.AVERAGE:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        pre, post = 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    else:
+        pre = post = 1.0
+    opt.__class__ = _wrap_class(type(opt))
+    opt._unison = dict(
+        compression=compression, sparse_as_dense=sparse_as_dense, op=rop, prescale=pre,
+        postscale=post, backward_passes_per_step=int(backward_passes_per_step),
+        average_aggregated_gradients=bool(average_aggregated_gradients), process_set=process_set,
+    )  # fmt: skip
+    return opt
+
+
+def DistributedOptimizer(
+    optimizer: Any,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = None,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = Op.AVERAGE,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """A copy of ``optimizer`` (a ``keras.optimizers.Optimizer``) that averages (``op``)
+    gradients over the process set before applying them. With
+    ``backward_passes_per_step=N`` gradients are aggregated locally over N steps
+    (Keras' ``gradient_accumulation_steps``) and reduced once; they are summed unless
+    ``average_aggregated_gradients``."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(
+            f"unison.keras.DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be >= 1")
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    if backward_passes_per_step > 1:
+        config["gradient_accumulation_steps"] = int(backward_passes_per_step)
+    base = type(optimizer)
+    if issubclass(base, _Distributed):
+        base = base.__mro__[2]
+    new = base.from_config(config)
+    return _install(
+        new, compression, sparse_as_dense, gradient_predivide_factor, op,
+        backward_passes_per_step, average_aggregated_gradients, process_set,
+    )  # fmt: skip
+
+
+def load_model(
+    filepath: Any,
+    custom_optimizers: Any = None,
+    custom_objects: Any = None,
+    compression: Any = None,
+) -> Any:
+    """``keras.models.load_model`` whose compiled optimizer comes back distributed (with
+    its state)."""
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or ():
+        objects[cls.__name__] = cls
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    opt = getattr(model, "optimizer", None)
+    if isinstance(opt, keras.optimizers.Optimizer):
+        _install(opt, compression, False, 1.0, Op.AVERAGE, 1, False, global_process_set)
+    return model

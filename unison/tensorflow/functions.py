@@ -1,0 +1,43 @@
+"""Whole-model helpers: broadcast variables and Python objects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import tensorflow as tf
+
+from ..torch.basics import ProcessSet, global_process_set
+from ..torch.functions import allgather_object, broadcast_object
+from . import raw
+
+__all__ = ["allgather_object", "broadcast_", "broadcast_object", "broadcast_variables"]
+
+
+def broadcast_variables(
+    variables: Iterable[Any],
+    root_rank: int,
+    process_set: ProcessSet = global_process_set,
+    inplace: bool = False,
+) -> Any:
+    """Assign ``root_rank``'s values to every rank's ``variables``; in a graph, the op that
+    does so."""
+    vs = [v for v in variables if v is not None]
+    if not vs:
+        return None if tf.executing_eagerly() else tf.no_op()
+    values = raw.broadcast([tf.convert_to_tensor(v) for v in vs], int(root_rank), None, process_set)
+    assigns = [v.assign(x) for v, x in zip(vs, values, strict=True)]
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*assigns)
+
+
+def broadcast_(
+    variables: Iterable[Any],
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """In-place broadcast of ``variables`` (Horovod's ``broadcast_``)."""
+    broadcast_variables(variables, root_rank, process_set)
+    return list(variables)

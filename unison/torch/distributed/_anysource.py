@@ -1,0 +1,35 @@
+"""``recv(src=None)``: receive from whichever rank of the group sends first.
+
+The transport matches the receive (:data:`unison.transport.matching.ANY_SOURCE`):
+the message that arrived first is taken, messages of one sender stay in order, and
+the Work's ``_source_rank()`` is the sender's group rank (what ``dist.recv``
+returns).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from ._pg import UnisonProcessGroup
+    from ._work import UnisonWork
+
+__all__ = ["recv_anysource"]
+
+
+def recv_anysource(pg: UnisonProcessGroup, tensors: list[torch.Tensor], tag: int) -> UnisonWork:
+    from ._pg import _Stage
+
+    st = _Stage()
+    b = st(tensors[0])
+    part = pg._start(pg._comm.irecv, b, None, tag)
+    assert part is not None
+
+    def source() -> int:
+        req = getattr(part, "_req", None)
+        peer = getattr(req, "peer", -1)
+        return pg._ranks.index(peer)
+
+    return pg._work("recv", [part], list(tensors), st, source)

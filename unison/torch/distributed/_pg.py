@@ -1,0 +1,359 @@
+# mypy: disable-error-code="override, assignment"
+"""``UnisonProcessGroup``: torch.distributed's ProcessGroup interface on unison's engine.
+
+torch calls these methods with group ranks and option structs; each one maps to
+the unison collective over the group's Communicator (global ranks), started
+asynchronously and wrapped in a :class:`UnisonWork`. Tensors that unison cannot
+use in place (non-contiguous, on a GPU, bfloat16) go through a contiguous CPU
+copy that is copied back when the operation finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..._types import ReduceOp
+from ...comm import collectives as _c
+from ...comm.communicator import Communicator
+from ...comm.work import Work as UWork
+from ...errors import InvalidArgumentError, UnsupportedError
+from ._work import UnisonWork, translate
+
+__all__ = ["UnisonProcessGroup"]
+
+_OPS = {
+    "SUM": ReduceOp.SUM,
+    "PRODUCT": ReduceOp.PRODUCT,
+    "MIN": ReduceOp.MIN,
+    "MAX": ReduceOp.MAX,
+    "AVG": ReduceOp.AVG,
+    "BAND": ReduceOp.BAND,
+    "BOR": ReduceOp.BOR,
+    "BXOR": ReduceOp.BXOR,
+}
+
+
+def _op(op: Any) -> ReduceOp:
+    for name, uop in _OPS.items():
+        if op == getattr(dist.ReduceOp, name):
+            return uop
+    raise UnsupportedError(
+        f"unison: ReduceOp {op} is not supported (unison implements SUM, PRODUCT, MIN, MAX, "
+        "AVG, BAND, BOR, BXOR; PREMUL_SUM is NCCL's: scale the tensor, then use SUM)"
+    )
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
+
+
+class _Stage:
+    """Tensors as unison can use them, and the copies back afterwards."""
+
+    def __init__(self) -> None:
+        self.back: list[Callable[[], None]] = []
+
+    def __call__(self, t: torch.Tensor, write: bool = True) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"expected a torch.Tensor, got {type(t).__name__}")
+        if t.device.type == "cpu" and t.is_contiguous() and t.dtype != torch.bfloat16:
+            return t
+        dtype = torch.float32 if t.dtype == torch.bfloat16 else t.dtype
+        tmp = t.detach().to("cpu", dtype, copy=True).contiguous()
+        if write:
+            self.back.append(lambda: _copy(t, tmp))
+        return tmp
+
+    def finish(self) -> Callable[[], None] | None:
+        if not self.back:
+            return None
+        back = self.back
+
+        def run() -> None:
+            for f in back:
+                f()
+
+        return run
+
+
+def _async(opts: Any) -> bool:
+    """Whether torch will hand the Work back to the user (``async_op=True``, and every
+    call from C++ such as DDP's); a blocking Python call runs inline, without a hand-off
+    to the group's engine thread."""
+    return True if opts is None else bool(getattr(opts, "asyncOp", True))
+
+
+class UnisonProcessGroup(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on unison."""
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        comm: Communicator,
+        default: bool,
+    ) -> None:
+        super().__init__(rank, size)  # type: ignore[call-arg]
+        self._comm = comm
+        self._ranks = list(comm.ranks)
+        self._timeout = timeout
+        self._default = default
+
+    # --- identity -----------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return "unison"
+
+    # torch keeps the name of a Python group in the group itself
+    def setGroupName(self, name: str) -> None:
+        self._group_name = str(name)
+
+    def getGroupName(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = str(desc)
+
+    def getGroupDesc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
+    def __repr__(self) -> str:
+        return f"<UnisonProcessGroup rank {self.rank()} of {self.size()} ranks={self._ranks}>"
+
+    def _global(self, group_rank: int, what: str) -> int:
+        if not 0 <= int(group_rank) < len(self._ranks):
+            raise InvalidArgumentError(
+                f"{what}: group rank {group_rank} is outside 0..{len(self._ranks) - 1}"
+            )
+        return self._ranks[int(group_rank)]
+
+    def _work(
+        self,
+        name: str,
+        parts: Sequence[UWork | None],
+        result: list[torch.Tensor],
+        stage: _Stage,
+        source: Callable[[], int] | None = None,
+    ) -> UnisonWork:
+        return UnisonWork(
+            f"{name} on rank {self._comm.rt.rank}",
+            [p for p in parts if p is not None],
+            result,
+            stage.finish(),
+            source,
+        )
+
+    def _start(self, fn: Callable[..., UWork | None], *args: Any) -> UWork | None:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise translate(exc) from None
+
+    # --- collectives --------------------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
+        st, root = _Stage(), self._global(opts.rootRank, "broadcast")
+        bufs = [st(t) for t in tensors]
+        parts = [self._start(_c.broadcast, self._comm, b, root, _async(opts)) for b in bufs]
+        return self._work("broadcast", parts, tensors, st)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> UnisonWork:
+        op = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp)
+        st = _Stage()
+        bufs = [st(t) for t in tensors]
+        parts = [self._start(_c.all_reduce, self._comm, b, op, _async(opts)) for b in bufs]
+        return self._work("all_reduce", parts, tensors, st)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
+        op = _op(opts.reduceOp)
+        st = _Stage()
+        if not tensors:
+            return self._work("all_reduce_coalesced", [], tensors, st)
+        flat = torch.cat([t.detach().reshape(-1).to("cpu") for t in tensors])
+        flat = st(flat, write=False)
+
+        def back() -> None:
+            off = 0
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[off : off + n].view_as(t))
+                off += n
+
+        st.back.append(back)
+        part = self._start(_c.all_reduce, self._comm, flat, op, _async(opts))
+        return self._work("all_reduce_coalesced", [part], tensors, st)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
+        op, st = _op(opts.reduceOp), _Stage()
+        root = self._global(opts.rootRank, "reduce")
+        bufs = [st(t) for t in tensors]
+        parts = [self._start(_c.reduce, self._comm, b, root, op, _async(opts)) for b in bufs]
+        return self._work("reduce", parts, tensors, st)
+
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any
+    ) -> UnisonWork:
+        st = _Stage()
+        parts = []
+        for outs, inp in zip(output_tensors, input_tensors, strict=True):
+            o = [st(t) for t in outs]
+            i = st(inp, write=False)
+            parts.append(self._start(_c.all_gather, self._comm, o, i, _async(opts)))
+        flat = [t for outs in output_tensors for t in outs]
+        return self._work("all_gather", parts, flat, st)
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any
+    ) -> UnisonWork:
+        st = _Stage()
+        parts = []
+        for outs, inp in zip(output_lists, input_list, strict=True):
+            o = [st(t) for t in outs]
+            i = st(inp, write=False)
+            parts.append(self._start(_c.all_gather, self._comm, o, i, _async(opts)))
+        return self._work("all_gather_coalesced", parts, [t for o in output_lists for t in o], st)
+
+    def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> UnisonWork:
+        st = _Stage()
+        o, i = st(output), st(input, write=False)
+        part = self._start(_c.all_gather_into_tensor, self._comm, o, i, _async(opts))
+        return self._work("all_gather_into_tensor", [part], [output], st)
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> UnisonWork:
+        st = _Stage()
+        parts = []
+        for out, inp in zip(outputs, inputs, strict=True):
+            o, i = st(out), st(inp, write=False)
+            parts.append(self._start(_c.all_gather_into_tensor, self._comm, o, i, _async(opts)))
+        return self._work("all_gather_into_tensor_coalesced", parts, list(outputs), st)
+
+    def gather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any
+    ) -> UnisonWork:
+        st = _Stage()
+        root = self._global(opts.rootRank, "gather")
+        i = st(input_tensors[0], write=False)
+        outs = [st(t) for t in output_tensors[0]] if output_tensors else None
+        part = self._start(_c.gather, self._comm, i, outs, root, _async(opts))
+        flat = list(output_tensors[0]) if output_tensors else []
+        return self._work("gather", [part], flat, st)
+
+    def scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any
+    ) -> UnisonWork:
+        st = _Stage()
+        root = self._global(opts.rootRank, "scatter")
+        o = st(output_tensors[0])
+        ins = [st(t, write=False) for t in input_tensors[0]] if input_tensors else None
+        part = self._start(_c.scatter, self._comm, o, ins, root, _async(opts))
+        return self._work("scatter", [part], list(output_tensors), st)
+
+    def reduce_scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any
+    ) -> UnisonWork:
+        op, st = _op(opts.reduceOp), _Stage()
+        parts = []
+        for out, ins in zip(output_tensors, input_tensors, strict=True):
+            o = st(out)
+            i = [st(t, write=False) for t in ins]
+            parts.append(self._start(_c.reduce_scatter, self._comm, o, i, op, _async(opts)))
+        return self._work("reduce_scatter", parts, list(output_tensors), st)
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> UnisonWork:
+        op, st = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp), _Stage()
+        o, i = st(output), st(input, write=False)
+        part = self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts))
+        return self._work("reduce_scatter_tensor", [part], [output], st)
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> UnisonWork:
+        op, st = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp), _Stage()
+        parts = []
+        for out, inp in zip(outputs, inputs, strict=True):
+            o, i = st(out), st(inp, write=False)
+            parts.append(self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts)))
+        return self._work("reduce_scatter_tensor_coalesced", parts, list(outputs), st)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> UnisonWork:
+        st = _Stage()
+        o, i = st(output), st(input, write=False)
+        osz = list(output_split_sizes) or None
+        isz = list(input_split_sizes) or None
+        part = self._start(_c.all_to_all_single, self._comm, o, i, osz, isz, _async(opts))
+        return self._work("all_to_all_single", [part], [output], st)
+
+    def alltoall(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any
+    ) -> UnisonWork:
+        st = _Stage()
+        o = [st(t) for t in output_tensors]
+        i = [st(t, write=False) for t in input_tensors]
+        part = self._start(_c.all_to_all, self._comm, o, i, _async(opts))
+        return self._work("all_to_all", [part], list(output_tensors), st)
+
+    def barrier(self, opts: Any = None) -> UnisonWork:
+        part = self._start(_c.barrier, self._comm, _async(opts))
+        return self._work("barrier", [part], [], _Stage())
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """torch's ``monitored_barrier``: raise naming the ranks that did not arrive."""
+        from ._monitored import monitored_barrier
+
+        monitored_barrier(self, timeout, wait_all_ranks)
+
+    # --- point to point -----------------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> UnisonWork:
+        st = _Stage()
+        b = st(tensors[0], write=False)
+        peer = self._global(dstRank, "send")
+
+        return self._work("send", [self._start(self._comm.isend, b, peer, tag)], list(tensors), st)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> UnisonWork:
+        st = _Stage()
+        b = st(tensors[0])
+        peer = self._global(srcRank, "recv")
+
+        part = self._start(self._comm.irecv, b, peer, tag)
+        return self._work("recv", [part], list(tensors), st, lambda: int(srcRank))
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> UnisonWork:
+        from ._anysource import recv_anysource
+
+        return recv_anysource(self, tensors, tag)
+
+    # torch 2.13's names for the same calls
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    all_to_all_single = alltoall_base
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def abort(self) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        if self._default:
+            from ._rendezvous import leave
+
+            leave()

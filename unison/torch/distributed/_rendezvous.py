@@ -1,0 +1,125 @@
+"""Joining unison from torch's backend constructor, and one Communicator per torch group."""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from ... import world as _w
+from ...backends.native import NATIVE
+from ...backends.native import runtime as _rt
+from ...comm.communicator import Communicator
+from ...config import load_config
+from ...errors import InvalidArgumentError
+from ...jobenv import JobInfo
+from ...log import configure, set_rank
+from ...store import Store
+from ._store import TorchStore
+
+__all__ = ["communicator", "join"]
+
+_LOCK = threading.Lock()
+#: whether this module started the runtime (then the default group's shutdown ends it)
+OWNED = {"runtime": False}
+
+
+class _TorchRuntime(_rt.Runtime):
+    """A unison runtime whose rendezvous store is the one torch connected."""
+
+    def __init__(self, job: JobInfo, store: Store, config: object) -> None:
+        super().__init__(job, config, NATIVE)  # type: ignore[arg-type]
+        self._torch_store = store
+
+    def _open_store(self) -> Store:
+        return self._torch_store
+
+    def close(self) -> None:
+        # torch owns the store and its server: no leaving handshake through it (the
+        # rank hosting it may already be gone)
+        self.store = None
+        super().close()
+
+
+def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
+    """The unison runtime of this process, started through torch's ``store`` if needed."""
+    with _LOCK:
+        if _w.is_initialized():
+            rt = _w.current()
+            if not isinstance(rt, _rt.Runtime):
+                raise InvalidArgumentError(
+                    "unison is initialized with an external backend; the c10d backend "
+                    "'unison' needs unison's own engine (unison.init(backend='native'))"
+                )
+            if rt.size != size or rt.rank != rank:
+                raise InvalidArgumentError(
+                    f"unison is initialized as rank {rt.rank} of {rt.size}, but torch.distributed "
+                    f"creates its default group as rank {rank} of {size}"
+                )
+            return rt
+        secs = timeout.total_seconds()
+        cfg = load_config()
+        if secs > 0:
+            cfg = cfg.replace(timeout=float(secs))
+        ustore = TorchStore(store, cfg.timeout)
+        if rank == 0:
+            ustore.set("unison/c10d/secret", os.urandom(16))
+        secret = ustore.get("unison/c10d/secret")
+        job = JobInfo(
+            rank=rank,
+            size=size,
+            local_rank=None,
+            local_size=None,
+            cross_rank=None,
+            cross_size=None,
+            store_addr=None,
+            store_path=None,
+            secret=secret,
+            job_id="c10d",
+            host_store=False,
+            source="torch.distributed",
+        )
+        configure(cfg.log_level)
+        set_rank(rank)
+        rt = _TorchRuntime(job, ustore, cfg)
+        try:
+            rt.start()
+        except BaseException:
+            rt.close()
+            raise
+        with _w._LOCK:
+            _w._RT = rt
+        OWNED["runtime"] = True
+        return rt
+
+
+def leave() -> None:
+    """End the runtime this module started (the default group was destroyed)."""
+    with _LOCK:
+        if OWNED["runtime"]:
+            OWNED["runtime"] = False
+            _w.shutdown()
+
+
+def communicator(
+    rt: _rt.Runtime, group_name: str, ranks: Sequence[int], default: bool
+) -> Communicator:
+    """The unison Communicator of the torch group ``group_name`` over global ``ranks``.
+
+    torch creates a backend only on the group's members, so the group id cannot
+    come from unison's own collective ``new_group`` counter: it is derived from
+    torch's group name, which every member agrees on.
+    """
+    members = sorted(int(r) for r in ranks)
+    if default:
+        return rt.world
+    gid = 0x40000000 | (zlib.crc32(f"{group_name}/{members}".encode()) & 0x3FFFFFFF)
+    with rt._lock:
+        comm = rt.groups.get(gid)
+        if comm is None:
+            comm = Communicator(rt, gid, members)
+            rt.groups[gid] = comm
+        return comm

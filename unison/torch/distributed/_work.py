@@ -1,0 +1,189 @@
+"""torch.distributed ``Work`` over a unison operation, and unison's errors as torch's.
+
+Errors: every :class:`unison.errors.CommunicationError` reaching torch code is
+re-raised as :class:`DistBackendError` (torch's ``torch.distributed.DistBackendError``,
+a ``RuntimeError``) whose subclass also keeps the unison type: a timeout is still a
+``TimeoutError`` and a ``CollectiveTimeoutError``, a lost peer a ``PeerLostError``. The
+message is unison's, naming the rank and the operation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ... import errors as E
+from ...comm.work import Work as UWork
+
+__all__ = ["UnisonWork", "translate"]
+
+_CACHE: dict[type[BaseException], type[BaseException]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _torch_type(tp: type[BaseException]) -> type[BaseException]:
+    """A class deriving from torch's DistBackendError and from the unison error type."""
+    with _CACHE_LOCK:
+        out = _CACHE.get(tp)
+        if out is None:
+            out = type(f"Dist{tp.__name__}", (tp, dist.DistBackendError), {})
+            out.__module__ = __name__
+            _CACHE[tp] = out
+        return out
+
+
+def translate(exc: BaseException) -> BaseException:
+    """unison's error as the error a torch.distributed user catches (same message)."""
+    if isinstance(exc, dist.DistBackendError) or not isinstance(exc, E.CommunicationError):
+        return exc
+    new = _torch_type(type(exc))(str(exc))
+    for name in ("op", "seq", "group", "ranks", "remote", "abort_payload"):
+        setattr(new, name, getattr(exc, name, None))
+    new.__cause__ = exc
+    return new
+
+
+def _seconds(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        secs = timeout.total_seconds()
+        return None if secs <= 0 else secs  # torch's kNoTimeout is 0
+    return float(timeout)
+
+
+class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
+    """torch's Work over one or more unison Works (all must finish), plus a finisher.
+
+    ``finish`` runs once after every part succeeded (copy-back of staged tensors,
+    division for AVG over integers...). ``get_future()`` completes with ``result``
+    when the operation does, without anyone calling ``wait`` (DDP's hooks need that).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        parts: Sequence[UWork],
+        result: list[torch.Tensor],
+        finish: Callable[[], None] | None = None,
+        source: Callable[[], int] | None = None,
+    ) -> None:
+        super().__init__()
+        self._name = name
+        self._parts = list(parts)
+        self._tensors = result
+        self._finisher = finish
+        self._source = source
+        self._lock = threading.Lock()
+        self._finished = False
+        self._error: BaseException | None = None
+        self._future: torch.futures.Future[Any] | None = None
+
+    # --- completion --------------------------------------------------------------------
+    def _settle(self, timeout: float | None) -> bool:
+        """Wait for the parts (up to ``timeout``); True once finished (ok or failed)."""
+        if self._finished:
+            return True
+        err: BaseException | None = None
+        try:
+            for p in self._parts:
+                p.wait(timeout)  # a Work.wait timeout raises CollectiveTimeoutError
+        except E.CollectiveTimeoutError as exc:
+            if not any(p.is_completed() and p.exception() is exc for p in self._parts):
+                if timeout is not None and not all(p.is_completed() for p in self._parts):
+                    raise  # only the caller's wait(timeout) ran out; the op goes on
+            err = exc
+        except BaseException as exc:
+            err = exc
+        with self._lock:
+            if self._finished:
+                return True
+            if err is None and self._finisher is not None:
+                try:
+                    self._finisher()
+                except BaseException as exc:
+                    err = exc
+            self._error = None if err is None else translate(err)
+            self._finished = True
+            fut = self._future
+        if fut is not None:
+            self._complete_future(fut)
+        return True
+
+    def _complete_future(self, fut: torch.futures.Future[Any]) -> None:
+        if fut.done():
+            return
+        if self._error is not None:
+            fut.set_exception(self._error)
+        else:
+            fut.set_result(self._tensors)
+
+    # --- torch's Work interface -------------------------------------------------------
+    def wait(self, timeout: Any = None) -> bool:
+        try:
+            self._settle(_seconds(timeout))
+        except E.CollectiveTimeoutError as exc:
+            raise translate(exc) from None
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        if self._finished:
+            return True
+        if all(p.is_completed() for p in self._parts):
+            self._settle(None)
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error if self.is_completed() else None
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._tensors
+
+    def source_rank(self) -> int:
+        if self._source is None:
+            raise RuntimeError("source_rank is only available for recv from any source")
+        self.wait()
+        return self._source()
+
+    _source_rank = source_rank
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        with self._lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._finished:
+                    self._complete_future(self._future)
+                else:
+                    threading.Thread(
+                        target=self._settle_quietly, name="unison-c10d-future", daemon=True
+                    ).start()
+            return self._future
+
+    def _settle_quietly(self) -> None:
+        try:
+            self._settle(None)
+        except BaseException:  # the error is kept and handed to the future
+            pass
+
+    def __repr__(self) -> str:
+        return f"<unison Work {self._name} {'done' if self._finished else 'pending'}>"
+
+
+def done_work(name: str, result: list[torch.Tensor]) -> UnisonWork:
+    """A Work that has already finished (size-1 groups, empty operations)."""
+    return UnisonWork(name, [], result)
