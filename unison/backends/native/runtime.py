@@ -67,6 +67,9 @@ class Runtime:
         self.op_hook: Callable[[Communicator, int, Any], None] | None = None
         self._next_gid = 1
         self._lock = threading.Lock()
+        #: aborts that named a group this rank has not registered yet (a faster peer
+        #: failed and said so before this rank finished start-up): gid -> (peer, info)
+        self._parked: dict[int, list[tuple[int, dict[str, Any]]]] = {}
         self.infos: dict[int, PeerInfo] = {}
         self.local_rank, self.local_size, self.cross_rank, self.cross_size = 0, 1, 0, 1
         self.epoch = 0
@@ -105,7 +108,7 @@ class Runtime:
             install(self, cfg.faults)
         self.world = Communicator(self, 0, range(self.size))
         self.world.topo = self._topology(self.world.ranks, world=True)
-        self.groups[0] = self.world
+        self._register(0, self.world)
 
     def _open_store(self) -> Store:
         job, cfg = self.job, self.config
@@ -162,8 +165,16 @@ class Runtime:
             self._next_gid += 1
             comm = Communicator(self, gid, sorted(members))
             comm.topo = self._topology(comm.ranks, world=False)
-            self.groups[gid] = comm
+        self._register(gid, comm)
         return comm
+
+    def _register(self, gid: int, comm: Communicator) -> None:
+        """Make ``comm`` reachable by transport events; deliver aborts that came early."""
+        with self._lock:
+            self.groups[gid] = comm
+            parked = self._parked.pop(gid, [])
+        for peer, info in parked:
+            self._on_abort(peer, info)
 
     # --- events from the transport's threads ----------------------------------------------------
     def _on_peer_lost(self, peer: int, reason: str, graceful: bool) -> None:
@@ -188,9 +199,11 @@ class Runtime:
             origin = int(str(info.get("origin", peer)))
         except (TypeError, ValueError):
             return
-        comm = self.groups.get(gid)
-        if comm is None:
-            return
+        with self._lock:
+            comm = self.groups.get(gid)
+            if comm is None:  # not registered yet: deliver when it is
+                self._parked.setdefault(gid, []).append((peer, info))
+                return
         if info.get("kind") == "timeout-notice":
             self.stuck[origin] = (gid, seq, str(info.get("doing", "?")))
             waiting = info.get("waiting")
