@@ -160,6 +160,13 @@ KNOBS: tuple[Knob, ...] = (
         "messages up to this size are sent from the caller's thread",
     ),
     Knob(
+        "UNISON_SMALL_BYTES",
+        "small_bytes",
+        4096,
+        _size,
+        "world collectives up to this size on one host take the shared slot path; 0: off",
+    ),
+    Knob(
         "UNISON_LOG_LEVEL",
         "log_level",
         "WARNING",
@@ -294,6 +301,7 @@ class Config:
     transport: str = "auto"
     segment_bytes: int = 1 << 20
     inline_send_bytes: int = 1 << 16
+    small_bytes: int = 4096
     log_level: str = "WARNING"
     bind_addr: str = ""
     network_interface: str = ""

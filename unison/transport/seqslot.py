@@ -32,6 +32,7 @@ import ctypes
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -41,7 +42,7 @@ from ..errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError
 from . import futex
 from .wait_policy import WaitPolicy
 
-__all__ = ["SeqSlots", "region_bytes"]
+__all__ = ["SeqSlots", "SlotWatch", "region_bytes"]
 
 _HEAD = 64
 _HALF_HEAD = 16
@@ -56,6 +57,21 @@ def region_bytes(slot_bytes: int) -> int:
     """Bytes of one rank's region for payloads up to ``slot_bytes``."""
     half = (_HALF_HEAD + slot_bytes + 63) // 64 * 64
     return _HEAD + 2 * half
+
+
+class SlotWatch(Protocol):
+    """The caller's view of one call: failures learnt elsewhere, and its error texts."""
+
+    def check(self) -> None:
+        """Raise if the call already failed elsewhere (an abort, a lost peer)."""
+
+    def late(self, pending: list[int]) -> BaseException:
+        """The error for a deadline passed while ``pending`` (local ranks) were silent."""
+        ...
+
+    def mismatch(self, peer: int, theirs: int) -> BaseException:
+        """The error for ``peer`` having published the signature word ``theirs``."""
+        ...
 
 
 def _sig(kind: int, op: int, dtype: int, nbytes: int, root: int) -> int:
@@ -99,6 +115,8 @@ class SeqSlots:
             oversubscribed = self.size > cores
         self.policy = WaitPolicy(oversubscribed)
         self.peers = [q for q in range(self.size) if q != rank]
+        #: set by the caller for the calls that follow (None: this module's own errors)
+        self.watch: SlotWatch | None = None
         self._kernels: dict[tuple[ReduceOp, DType], Kernel] = {}
         self._views: dict[tuple[int, int, int, np.dtype], list[np.ndarray]] = {}
 
@@ -110,20 +128,40 @@ class SeqSlots:
         off = _HEAD + h * self._half + _HALF_HEAD
         return self._bytes[q][off : off + nbytes]
 
-    def _exchange(self, data: np.ndarray | None, sig: int, timeout: float) -> int:
-        """Publish ``data`` (bytes of this rank) with ``sig``; wait for every peer; half used."""
-        if data is not None and data.nbytes > self.slot_bytes:
-            raise InvalidArgumentError(
-                f"{data.nbytes} bytes do not fit a {self.slot_bytes}-byte slot"
-            )
+    def _exchange(
+        self,
+        data: np.ndarray | Sequence[np.ndarray] | None,
+        sig: int,
+        timeout: float,
+        key: int = 0,
+    ) -> int:
+        """Publish ``data`` (this rank's bytes: one array or blocks laid end to end) with
+        ``sig`` and the caller's signature word ``key``; wait for every peer; both words
+        must agree; returns the half used."""
         k = (self._k + 1) & _MASK
         h = k & 1
         me = self.rank
-        if data is not None and data.nbytes:
-            self._payload(me, h, data.nbytes)[:] = data.reshape(-1).view(np.uint8)
+        if isinstance(data, np.ndarray):
+            if data.nbytes > self.slot_bytes:
+                raise InvalidArgumentError(
+                    f"{data.nbytes} bytes do not fit a {self.slot_bytes}-byte slot"
+                )
+            if data.nbytes:
+                self._payload(me, h, data.nbytes)[:] = data.reshape(-1).view(np.uint8)
+        elif data is not None:
+            total = sum(int(b.nbytes) for b in data)
+            if total > self.slot_bytes:
+                raise InvalidArgumentError(
+                    f"{total} bytes do not fit a {self.slot_bytes}-byte slot"
+                )
+            dst = self._payload(me, h, total)
+            at = 0
+            for b in data:
+                dst[at : at + b.nbytes] = b.reshape(-1).view(np.uint8)
+                at += b.nbytes
         head = self._heads[me][h]
         head[0] = sig
-        head[1] = 0 if data is None else data.nbytes
+        head[1] = key
         self._seq[me].value = k
         if self._sleepers[me].value:
             self._sleepers[me].value = 0
@@ -131,7 +169,12 @@ class SeqSlots:
         self._wait(k, sig, timeout)
         self._k = k
         for q in self.peers:
-            if int(self._heads[q][h][0]) != sig:
+            theirs = self._heads[q][h]
+            if theirs[1] != key and self.watch is not None:
+                raise self.watch.mismatch(q, int(theirs[1]))
+            if theirs[0] != sig:
+                if self.watch is not None:
+                    raise self.watch.mismatch(q, int(theirs[1]))
                 raise MismatchError(
                     f"rank {me}: {self._describe(sig)} but rank {q} called "
                     f"{self._describe(int(self._heads[q][h][0]))}",
@@ -161,6 +204,9 @@ class SeqSlots:
                 now = time.monotonic()
                 if now < spin_end:
                     continue
+                watch = self.watch
+                if watch is not None:
+                    watch.check()
                 if now >= deadline:
                     self._late(k, sig, timeout, None)
                 if self._alive is not None:
@@ -179,6 +225,8 @@ class SeqSlots:
 
     def _late(self, k: int, sig: int, timeout: float, gone: str | None) -> None:
         pending = [q for q in self.peers if not self._arrived(q, k)]
+        if self.watch is not None and gone is None:
+            raise self.watch.late(pending)
         why = gone or f"timed out after {timeout:g} s waiting for ranks {pending}"
         raise CollectiveTimeoutError(
             f"rank {self.rank}: {_NAMES[sig >> 56]} {why}", op=_NAMES[sig >> 56], ranks=pending
@@ -225,37 +273,64 @@ class SeqSlots:
             finalize_average(out, dt, self.size)
 
     def all_reduce(
-        self, arr: np.ndarray, op: ReduceOp = ReduceOp.SUM, timeout: float = 300.0
+        self,
+        arr: np.ndarray,
+        op: ReduceOp = ReduceOp.SUM,
+        timeout: float = 300.0,
+        key: int = 0,
+        dtype: DType | None = None,
     ) -> None:
-        dt = self._dtype(arr)
-        h = self._exchange(arr, _sig(_ALL_REDUCE, op, dt, arr.nbytes, 0), timeout)
+        """``dtype``: what ``arr``'s storage holds (e.g. bfloat16 in uint16), if not its own."""
+        dt = dtype or self._dtype(arr)
+        h = self._exchange(arr, _sig(_ALL_REDUCE, op, dt, arr.nbytes, 0), timeout, key)
         self._reduce(h, 0, arr.size, op, dt, arr.reshape(-1))
 
-    def broadcast(self, arr: np.ndarray, root: int, timeout: float = 300.0) -> None:
+    def broadcast(self, arr: np.ndarray, root: int, timeout: float = 300.0, key: int = 0) -> None:
         dt = self._dtype(arr)
         mine = arr if self.rank == root else None
-        h = self._exchange(mine, _sig(_BROADCAST, 0, dt, arr.nbytes, root), timeout)
+        h = self._exchange(mine, _sig(_BROADCAST, 0, dt, arr.nbytes, root), timeout, key)
         if self.rank != root:
             arr.reshape(-1).view(np.uint8)[:] = self._payload(root, h, arr.nbytes)
 
-    def all_gather(self, inp: np.ndarray, out: np.ndarray, timeout: float = 300.0) -> None:
+    def all_gather(
+        self,
+        inp: np.ndarray,
+        out: np.ndarray | Sequence[np.ndarray],
+        timeout: float = 300.0,
+        key: int = 0,
+    ) -> None:
+        """``out``: one array of size × input elements, or one block per rank."""
         dt = self._dtype(inp)
-        if out.size != inp.size * self.size or out.dtype != inp.dtype:
-            raise InvalidArgumentError("all_gather: output must hold size × input elements")
-        h = self._exchange(inp, _sig(_ALL_GATHER, 0, dt, inp.nbytes, 0), timeout)
-        flat = out.reshape(-1).view(np.uint8)
         nb = inp.nbytes
+        if isinstance(out, np.ndarray):
+            if out.size != inp.size * self.size or out.dtype != inp.dtype:
+                raise InvalidArgumentError("all_gather: output must hold size × input elements")
+            flat = out.reshape(-1).view(np.uint8)
+            blocks = [flat[q * nb : (q + 1) * nb] for q in range(self.size)]
+        else:
+            blocks = [b.reshape(-1).view(np.uint8) for b in out]
+        h = self._exchange(inp, _sig(_ALL_GATHER, 0, dt, nb, 0), timeout, key)
         for q in range(self.size):
-            flat[q * nb : (q + 1) * nb] = self._payload(q, h, nb)
+            blocks[q][:] = self._payload(q, h, nb)
 
     def reduce_scatter(
-        self, inp: np.ndarray, out: np.ndarray, op: ReduceOp = ReduceOp.SUM, timeout: float = 300.0
+        self,
+        inp: np.ndarray | Sequence[np.ndarray],
+        out: np.ndarray,
+        op: ReduceOp = ReduceOp.SUM,
+        timeout: float = 300.0,
+        key: int = 0,
+        dtype: DType | None = None,
     ) -> None:
-        dt = self._dtype(inp)
-        if inp.size != out.size * self.size or out.dtype != inp.dtype:
+        """``inp``: one array of size × output elements, or one block per rank."""
+        dt = dtype or self._dtype(out)
+        if isinstance(inp, np.ndarray) and (
+            inp.size != out.size * self.size or out.dtype != inp.dtype
+        ):
             raise InvalidArgumentError("reduce_scatter: input must hold size × output elements")
-        h = self._exchange(inp, _sig(_REDUCE_SCATTER, op, dt, inp.nbytes, 0), timeout)
+        sig = _sig(_REDUCE_SCATTER, op, dt, out.nbytes * self.size, 0)
+        h = self._exchange(inp, sig, timeout, key)
         self._reduce(h, self.rank * out.nbytes, out.size, op, dt, out.reshape(-1))
 
-    def barrier(self, timeout: float = 300.0) -> None:
-        self._exchange(None, _sig(_BARRIER, 0, 0, 0, 0), timeout)
+    def barrier(self, timeout: float = 300.0, key: int = 0) -> None:
+        self._exchange(None, _sig(_BARRIER, 0, 0, 0, 0), timeout, key)

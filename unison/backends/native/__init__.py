@@ -21,6 +21,7 @@ from ...config import Config
 from ...jobenv import detect_job
 from ...log import set_rank
 from .runtime import Runtime
+from .small import slots_for, small_all_gather, small_body, small_reduce_scatter
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -41,22 +42,38 @@ class NativeBackend:
     checks_signatures = True
 
     def broadcast(self, comm: Communicator, b: Buffer, root: int) -> Work:
+        sig = comm.sig(OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
+        slots = slots_for(comm, b.nbytes)
+        if slots is not None:
+            s = slots
+
+            def run(timeout: float, key: int) -> None:
+                s.broadcast(b.array, root, timeout, key)
+
+            return comm.submit(OpCode.BROADCAST, sig, small_body(comm, s, sig, run))
         algo = _choose(comm, "broadcast", b.nbytes)
 
         def body(ctx: OpContext) -> None:
             algo.run(ctx, b.array, root, ctx.seg_count(b.dtype))
 
-        sig = comm.sig(OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
         return comm.submit(OpCode.BROADCAST, sig, body)
 
     def all_reduce(self, comm: Communicator, b: Buffer, op: ReduceOp) -> Work:
+        sig = comm.sig(OpCode.ALL_REDUCE, b.dtype, b.count, redop=op)
+        slots = slots_for(comm, b.nbytes)
+        if slots is not None:
+            s = slots
+
+            def run(timeout: float, key: int) -> None:
+                s.all_reduce(b.array, op, timeout, key, b.dtype)
+
+            return comm.submit(OpCode.ALL_REDUCE, sig, small_body(comm, s, sig, run))
         kern = kernel(op, b.dtype)
         algo = _choose(comm, "allreduce", b.nbytes)
 
         def body(ctx: OpContext) -> None:
             algo.run(ctx, b.array, kern, op, b.dtype, ctx.seg_count(b.dtype))
 
-        sig = comm.sig(OpCode.ALL_REDUCE, b.dtype, b.count, redop=op)
         return comm.submit(OpCode.ALL_REDUCE, sig, body)
 
     def reduce(self, comm: Communicator, b: Buffer, root: int, op: ReduceOp) -> Work:
@@ -72,6 +89,11 @@ class NativeBackend:
     def all_gather(
         self, comm: Communicator, b: Buffer, outs: list[np.ndarray], result: Any
     ) -> Work:
+        sig = comm.sig(OpCode.ALL_GATHER, b.dtype, b.count)
+        slots = slots_for(comm, b.nbytes)
+        if slots is not None:
+            run = small_all_gather(slots, b, outs, result)
+            return comm.submit(OpCode.ALL_GATHER, sig, small_body(comm, slots, sig, run))
         algo = _choose(comm, "allgather", b.nbytes * comm.size)
         me = comm.rank
         assert me is not None
@@ -82,7 +104,6 @@ class NativeBackend:
             algo.run(ctx, outs, ctx.seg_count(b.dtype))
             return result
 
-        sig = comm.sig(OpCode.ALL_GATHER, b.dtype, b.count)
         return comm.submit(OpCode.ALL_GATHER, sig, body)
 
     def gather(
@@ -118,6 +139,11 @@ class NativeBackend:
         ins: list[np.ndarray],
         op: ReduceOp,
     ) -> Work:
+        sig = comm.sig(OpCode.REDUCE_SCATTER, out.dtype, out.count, redop=op)
+        slots = slots_for(comm, out.nbytes * comm.size)
+        if slots is not None:
+            run = small_reduce_scatter(slots, out, ins, op, out.dtype)
+            return comm.submit(OpCode.REDUCE_SCATTER, sig, small_body(comm, slots, sig, run))
         kern = kernel(op, out.dtype)
         algo = _choose(comm, "reduce_scatter", out.nbytes * comm.size)
 
@@ -126,7 +152,6 @@ class NativeBackend:
             if op is ReduceOp.AVG:
                 finalize_average(out.array, out.dtype, ctx.size)
 
-        sig = comm.sig(OpCode.REDUCE_SCATTER, out.dtype, out.count, redop=op)
         return comm.submit(OpCode.REDUCE_SCATTER, sig, body)
 
     def all_to_all(
@@ -147,10 +172,20 @@ class NativeBackend:
         return comm.submit(OpCode.ALL_TO_ALL, sig, body)
 
     def barrier(self, comm: Communicator) -> Work:
+        sig = comm.sig(OpCode.BARRIER)
+        slots = slots_for(comm, 0)
+        if slots is not None:
+            s = slots
+
+            def run(timeout: float, key: int) -> None:
+                s.barrier(timeout, key)
+
+            return comm.submit(OpCode.BARRIER, sig, small_body(comm, s, sig, run))
+
         def body(ctx: OpContext) -> None:
             barrier_algo.run(ctx)
 
-        return comm.submit(OpCode.BARRIER, comm.sig(OpCode.BARRIER), body)
+        return comm.submit(OpCode.BARRIER, sig, body)
 
     def isend(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
         return comm.post_send(b, peer, tag)
