@@ -71,6 +71,9 @@ class Runtime:
         self.op_hook: Callable[[Group, int, Any], None] | None = None
         self._next_gid = 1
         self._lock = threading.Lock()
+        #: aborts that named a group this rank has not registered yet (a faster peer
+        #: failed and said so before this rank finished start-up): gid -> (peer, info)
+        self._parked: dict[int, list[tuple[int, dict[str, Any]]]] = {}
         self.infos: dict[int, PeerInfo] = {}
         self.local_rank, self.local_size, self.cross_rank, self.cross_size = 0, 1, 0, 1
         self.epoch = 0
@@ -162,11 +165,16 @@ class Runtime:
         first use; every rank that uses it passes the same id and members."""
         with self._lock:
             ex = self.executors.get(gid)
-            if ex is None:
-                g = Group(gid, members, self.rank, self.config, self.backend)
-                ex = Executor(self, g, self._topology(g.ranks, world=gid == 0))
-                self.executors[gid] = ex
-            return ex.group
+            if ex is not None:
+                return ex.group
+            g = Group(gid, members, self.rank, self.config, self.backend)
+            ex = Executor(self, g, self._topology(g.ranks, world=gid == 0))
+            # reachable by transport events from now on; deliver aborts that came early
+            self.executors[gid] = ex
+            parked = self._parked.pop(gid, [])
+        for peer, info in parked:
+            self._on_abort(peer, info)
+        return g
 
     # --- events from the transport's threads ----------------------------------------------------
     def _on_peer_lost(self, peer: int, reason: str, graceful: bool) -> None:
@@ -191,9 +199,11 @@ class Runtime:
             origin = int(str(info.get("origin", peer)))
         except (TypeError, ValueError):
             return
-        ex = self.executors.get(gid)
-        if ex is None:
-            return
+        with self._lock:
+            ex = self.executors.get(gid)
+            if ex is None:  # not registered yet: deliver when it is
+                self._parked.setdefault(gid, []).append((peer, info))
+                return
         if info.get("kind") == "timeout-notice":
             self.stuck[origin] = (gid, seq, str(info.get("doing", "?")))
             waiting = info.get("waiting")
