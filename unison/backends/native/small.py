@@ -32,18 +32,19 @@ from ...transport.framing import OpSig
 from ...transport.seqslot import SeqSlots
 
 if TYPE_CHECKING:
-    from ...comm.communicator import Communicator
+    from ...comm.group import Group
+    from .runtime import Runtime
 
 __all__ = ["slots_for", "small_all_gather", "small_body", "small_reduce_scatter"]
 
 _B8, _B16, _B32 = 0xFF, 0xFFFF, 0xFFFFFFFF
 
 
-def slots_for(comm: Communicator, nbytes: int) -> SeqSlots | None:
+def slots_for(rt: Runtime, comm: Group, nbytes: int) -> SeqSlots | None:
     """The world's slots when this call may use them (the same answer on every rank)."""
     if comm.id != 0:
         return None
-    slots: SeqSlots | None = getattr(comm.rt.fabric, "seqslots", None)
+    slots = rt.fabric.seqslots
     if slots is None or nbytes > slots.slot_bytes:
         return None
     return slots
@@ -68,14 +69,14 @@ def _unkey(key: int) -> OpSig:
 class _Watch:
     """One call's view for the slots: its context's aborts, lost peers, error texts."""
 
-    __slots__ = ("comm", "ctx")
+    __slots__ = ("ctx", "rt")
 
-    def __init__(self, comm: Communicator, ctx: OpContext) -> None:
-        self.comm, self.ctx = comm, ctx
+    def __init__(self, rt: Runtime, ctx: OpContext) -> None:
+        self.rt, self.ctx = rt, ctx
 
     def check(self) -> None:
         self.ctx._raise_if_aborted()
-        lost = self.comm.rt.fabric.gone([r for r in self.ctx.ranks if r != self.comm.rt.rank])
+        lost = self.rt.fabric.gone([r for r in self.ctx.ranks if r != self.rt.rank])
         if lost is not None:
             raise lost
 
@@ -109,7 +110,7 @@ class _Watch:
 
 
 def small_body(
-    comm: Communicator,
+    rt: Runtime,
     slots: SeqSlots,
     sig: OpSig,
     run: Callable[[float, int], Any],
@@ -118,7 +119,7 @@ def small_body(
     key = _key(sig)
 
     def body(ctx: OpContext) -> Any:
-        slots.watch = _Watch(comm, ctx)
+        slots.watch = _Watch(rt, ctx)
         try:
             out = run(ctx.deadline - time.monotonic(), key)
         finally:
