@@ -27,7 +27,7 @@ import numpy as np
 from ..._types import ReduceOp
 from ...algorithms import OpContext, describe
 from ...buffers import Buffer, DType
-from ...errors import CollectiveTimeoutError, MismatchError
+from ...errors import CollectiveTimeoutError, CommunicationError, MismatchError
 from ...transport.framing import OpSig
 from ...transport.seqslot import SeqSlots
 
@@ -122,6 +122,16 @@ def small_body(
         slots.watch = _Watch(rt, ctx)
         try:
             out = run(ctx.deadline - time.monotonic(), key)
+        except CommunicationError as exc:
+            if exc.op is not None:
+                raise
+            raise type(exc)(  # name the operation, as the general path does
+                f"{ctx.name}: {exc}",
+                op=ctx.op.label,
+                seq=ctx.seq,
+                group=ctx.group_id,
+                ranks=exc.ranks,
+            ) from None
         finally:
             slots.watch = None
         ctx.all_pairs_checked = True  # every rank compared every rank's signature
