@@ -31,6 +31,7 @@ from ...transport.framing import OpSig
 from .backend import NativeBackend
 from .executor import Executor
 from .fabric import Fabric
+from .small import arena_sync
 
 __all__ = ["Runtime"]
 
@@ -98,6 +99,9 @@ class Runtime:
                 adopt=self.fabric.adopt,
             )
             self.fabric.finish(self.infos)
+            arena, slots = self.fabric.arena, self.fabric.seqslots
+            if arena is not None and slots is not None:  # rounds sync on the slots
+                arena.sync_hook = arena_sync(self, slots)
             self.link = self.fabric.link()
             self.local_rank, self.local_size, self.cross_rank, self.cross_size = _layout(
                 self.infos, self.rank
