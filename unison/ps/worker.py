@@ -19,10 +19,10 @@ import numpy as np
 
 from ..buffers import DType, as_buffer
 from ..comm.group import Group
-from ..comm.work import Work
+from ..comm.work import Work, joined
 from ..errors import InvalidArgumentError
 from . import checkpoint
-from .channel import Call, Channel, Joined
+from .channel import Channel
 from .consistency import Consistency
 from .partition import Piece, home, layout
 from .rules import Rule
@@ -99,7 +99,7 @@ class KVStore:
 
     def _claim(
         self, keys: Mapping[str, tuple[tuple[int, ...], str] | None], what: str = "init_params"
-    ) -> list[Call]:
+    ) -> list[Work]:
         """Ask each key's home about it (claiming the ones given a shape); one call per home.
         ``what`` is the user's operation, which an error names."""
         by_home: dict[int, list[dict[str, Any]]] = {}
@@ -220,7 +220,7 @@ class KVStore:
             )
             for s, (specs, arrays) in sorted(per_server.items())
         ]
-        return Joined(f"push {names}", calls, lambda parts: None)
+        return joined(f"push {names}", calls)
 
     def push(self, grads: Mapping[str, Any]) -> None:
         """Push ``{key: value}`` and wait until every server has it (see :meth:`ipush`)."""
@@ -264,7 +264,7 @@ class KVStore:
             self._channels[s].request(Op.PULL, "pull", self._clock, {"pieces": specs}, sinks=sinks)
             for s, (specs, sinks) in sorted(per_server.items())
         ]
-        return Joined(f"pull {names}", calls, lambda parts: result)
+        return joined(f"pull {names}", calls, result)
 
     def pull(
         self, keys: str | Iterable[str] | Mapping[str, Any], out: Mapping[str, Any] | None = None
