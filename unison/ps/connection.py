@@ -22,7 +22,7 @@ from .wire import (
     HEADER,
     TAG_REPLY,
     TAG_REQUEST,
-    Status,
+    PsStatus,
     decode_error,
     pack_header,
     pack_meta,
@@ -30,10 +30,10 @@ from .wire import (
     unpack_meta,
 )
 
-__all__ = ["Channel"]
+__all__ = ["ServerConnection"]
 
 
-class Channel:
+class ServerConnection:
     def __init__(self, comm: Group, server: int, index: int) -> None:
         self.comm = comm
         self.server = server
@@ -159,7 +159,7 @@ class Channel:
                 self._recv(sink)
             except MismatchError as exc:
                 error = error or exc
-        if status != Status.OK:
+        if status != PsStatus.OK:
             error = decode_error(meta, call.name, self.server)
         elif count != len(sinks) and error is None:
             error = CommunicationError(f"{call.name}: expected {len(sinks)} arrays, got {count}")
