@@ -157,6 +157,11 @@ class Runtime:
         return Topology(self.link, shared=arena is not None, arena=arena, hosts=hosts)
 
     # --- groups -------------------------------------------------------------------------------
+    @property
+    def groups(self) -> dict[int, Group]:
+        """Every group of this runtime, by id."""
+        return {gid: ex.group for gid, ex in list(self.executors.items())}
+
     def new_group(self, ranks: Sequence[int] | None) -> Group:
         members = check_members(ranks, self.size)
         with self._lock:
