@@ -299,8 +299,11 @@ class Fabric:
         for t in self.transports:  # shm first: its queued data goes out before GOODBYE
             t.close()
         if self.arena is not None:
+            self.arena.sync_hook = None
             self.arena.release()
             self.arena = None
+        self.seqslots = None
+        self._small.clear()
         for seg in self._segs:
             seg.unlink()
 
