@@ -2,8 +2,11 @@
 
 ``init()`` picks a backend from :data:`BACKENDS` by name (``backend=`` or
 ``UNISON_BACKEND``, default ``native``) and opens its runtime; every group of the
-job then runs on that backend. Layer: above the backends (it imports them), below
-the public API (:mod:`unison.comm.api` asks :func:`current` for the world).
+job then runs on that backend. In an elastic job (``UNISON_ELASTIC_ID``) ``init`` first
+waits for this worker's next world (:mod:`unison.elastic`): after a reset,
+``shutdown()`` then ``init()`` joins the new world with its new rank and size.
+Layer: above the backends (it imports them), below the public API
+(:mod:`unison.comm.api` asks :func:`current` for the world).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import elastic
 from .config import Config, load_config
 from .errors import InvalidArgumentError, NotInitializedError
 from .log import configure, set_rank
@@ -126,6 +130,8 @@ def init(
             )
         cfg = cfg.replace(backend=name)
         configure(cfg.log_level)
+        if rank is None and size is None and elastic.enabled():
+            cfg = elastic.join(cfg)  # this worker's next world (rank, size, round)
         rt = opener(cfg, rank=rank, size=size, store_addr=store_addr, secret=secret)
         set_rank(rt.rank)
         _RT = rt
@@ -139,4 +145,20 @@ def shutdown() -> None:
         rt, _RT = _RT, None
         if rt is not None:
             sys.excepthook = _prev_hook
+            _retire_groups(rt)
             rt.close()
+
+
+def _retire_groups(rt: World) -> None:
+    """Groups of a world being shut down say so when used again (an elastic reset
+    re-forms the world: groups made before it must be made again after init())."""
+    where = f"elastic round {elastic.current_round()}" if elastic.enabled() else "a world"
+    groups: dict[int, Group] = getattr(rt, "groups", {})  # native runtimes keep them
+    why = (
+        f"it belongs to {where} that was shut down (groups made before unison.shutdown() "
+        "or an elastic reset cannot be used after it: create them again after unison.init())"
+    )
+    for comm in groups.values():
+        comm._broken = NotInitializedError(why)  # every later use is refused with this
+    for gid, ex in list(getattr(rt, "executors", {}).items()):
+        ex.queue.name = f"group {gid} ({why})"

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("backends", ("unison.backends",)),
     ("shared layer", ("unison.comm",)),
     ("algorithms", ("unison.algorithms",)),
-    ("transport", ("unison.transport", "unison.bootstrap")),
+    ("transport", ("unison.transport", "unison.bootstrap", "unison.elastic")),
     (
         "base",
         (

@@ -37,6 +37,7 @@ from ..errors import InvalidArgumentError
 from ..jobenv import FAILURE_KEY, parse_failure_record
 from ..store import TCPStoreServer
 from ..transport.shm_segment import cleanup_job
+from . import elastic_cli as elastic
 from .hosts import (
     DEFAULT_RSH,
     Slot,
@@ -82,12 +83,16 @@ def main(args: argparse.Namespace) -> int:
     try:
         prefix = C.load_config().prefix_output if args.prefix is None else args.prefix
         hosts = host_list(args.hosts, args.hostfile)
-        np = resolve_np(args, hosts)
+        np = resolve_np(args, hosts) if not elastic.is_elastic(args) or args.np else 0
         if hosts and args.nproc_per_node:
             hosts = [(h, args.nproc_per_node) for h, _ in hosts]
         if hosts and args.nnodes:
             hosts = hosts[: args.nnodes]
         extra_env, export_names = parse_exports(args.export)
+        if elastic.is_elastic(args):
+            rsh = ssh_template(args.rsh, args.ssh_port, args.ssh_identity_file)
+            env = {**os.environ, **extra_env}
+            return elastic.main(args, command, hosts, prefix, env, export_names, rsh)
         return run_job(
             command,
             np,
