@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "unison.ps",
             "unison.tensorflow",
             "unison.keras",
+            "unison.ray",
             "unison.testing",
         ),
     ),
