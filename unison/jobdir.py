@@ -3,7 +3,8 @@
 Under a launcher that gives no store address (a user's own ``mpirun``, MPICH/Intel MPI),
 ranks meet in a :class:`~unison.store.FileStore` at ``/tmp/unison-<job>``, a directory
 nobody else would remove. Each rank that uses such a derived directory counts itself
-out when its interpreter exits (normally or through an exception): it writes
+out when its interpreter exits (normally or through an exception; :func:`release_all`,
+called by :mod:`unison.world`'s exit hook after the job is shut down): it writes
 ``.exit-<rank>`` under the directory's lock, and the last of the ranks sharing the
 directory removes it. A rank killed by a signal (``SIGKILL``, or ``SIGTERM`` from
 ``mpirun`` after another rank failed) runs no exit code: its job's directory stays,
@@ -13,7 +14,6 @@ and ``rm -rf /tmp/unison-ompi-*`` once no job runs is safe. A directory the user
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import os
@@ -24,11 +24,11 @@ from . import config as C
 from .errors import InvalidArgumentError
 from .log import get_logger
 
-__all__ = ["count_out", "derived_store_path", "release_at_exit"]
+__all__ = ["count_out", "derived_store_path", "release_all", "release_at_exit"]
 
 _log = get_logger("launch")
 
-_registered: set[str] = set()
+_pending: dict[str, tuple[int, int]] = {}  # path -> (rank, ranks sharing it)
 
 
 def count_out(path: str, rank: int, ranks: int) -> bool:
@@ -55,12 +55,15 @@ def count_out(path: str, rank: int, ranks: int) -> bool:
 
 
 def release_at_exit(path: str, rank: int, ranks: int) -> None:
-    """Count ``rank`` out of the derived job directory ``path`` when this process exits
-    (registered once per directory)."""
-    if path in _registered:
-        return
-    _registered.add(path)
-    atexit.register(count_out, path, rank, ranks)
+    """Count ``rank`` out of the derived job directory ``path`` when this process exits."""
+    _pending[path] = (rank, ranks)
+
+
+def release_all() -> None:
+    """Count this process out of every derived job directory it used (at exit)."""
+    while _pending:
+        path, (rank, ranks) = _pending.popitem()
+        count_out(path, rank, ranks)
 
 
 def derived_store_path(

@@ -8,6 +8,7 @@ the public API (:mod:`unison.comm.api` asks :func:`current` for the world).
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .config import Config, load_config
 from .errors import InvalidArgumentError, NotInitializedError
+from .jobdir import release_all
 from .log import configure, set_rank
 
 if TYPE_CHECKING:
@@ -87,11 +89,32 @@ def is_initialized() -> bool:
 _prev_hook = sys.excepthook
 
 
+_failed = False
+
+
 def _excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    global _failed
     rt = _RT
     if rt is not None:
+        _failed = True
         rt.report_failure(f"{tp.__name__}: {value}")
     _prev_hook(tp, value, tb)
+
+
+def _at_exit() -> None:
+    """An interpreter that ends without :func:`shutdown` still leaves in order, as
+    Horovod and mpi4py do (peers see a goodbye, not a lost connection); after an
+    uncaught exception it just goes (peers should see the failure). Registered at
+    import, so it runs after ``unison.torch``'s own exit hook. Then the job's derived
+    file-store directory is counted out (:mod:`unison.jobdir`)."""
+    try:
+        if _RT is not None and not _failed:
+            shutdown()
+    finally:
+        release_all()
+
+
+atexit.register(_at_exit)
 
 
 def init(

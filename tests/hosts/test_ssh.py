@@ -57,6 +57,8 @@ seen = {k: os.environ.get(k) for k in names}
 print("OUT " + json.dumps({"rank": un.rank(), "argv": sys.argv[3:], "cwd": os.getcwd(),
                             "env": seen, "store": os.environ["UNISON_STORE_ADDR"],
                             "stdin": data.hex()}), flush=True)
+if un.rank() != 0:  # rank 0 leaves first, with no shutdown(): nobody logs its goodbye
+    time.sleep(0.5)
 """
 
 
@@ -148,7 +150,7 @@ def test_arguments_environment_cwd_and_no_secret_in_ps(
         assert env["WORLD_SIZE"] == "4" and env["MASTER_ADDR"] == hosts.host_addr(0), env
         # no --store-addr: the launcher's address on the route to the first host
         assert r["store"].rsplit(":", 1)[0] == hosts.launcher_addr, r
-    assert "connection closed" not in err, err
+    assert "WARNING" not in err and "connection closed" not in err, err  # orderly: no log
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
