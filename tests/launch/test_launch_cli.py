@@ -122,3 +122,13 @@ def test_nnodes_and_start_timeout() -> None:
     ):
         r = subprocess.run([*run, *bad, "true"], capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+def test_run_help_lists_the_flags_people_type() -> None:
+    argv = [sys.executable, "-m", "unison", "run", "--help"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith("usage: unison run"), r.stderr
+    for flag in ("-x", "--oversubscribe", "--nproc-per-node", "--nproc_per_node", "--nnodes",
+                 "--verbose", "--output-filename", "--tag-output", "--start-timeout",
+                 "--network-interface", "--iface", "--stdin", "--hostfile", "-H"):  # fmt: skip
+        assert f"{flag} " in r.stdout or f"{flag}," in r.stdout or f"{flag}\n" in r.stdout, flag
