@@ -101,14 +101,23 @@ def _excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType
     _prev_hook(tp, value, tb)
 
 
+def _healthy(rt: World) -> bool:
+    """No group of this rank has failed (a failed group may not even reach the store)."""
+    groups = getattr(rt, "groups", None)
+    comms = [rt.world, *(groups.values() if isinstance(groups, dict) else ())]
+    return all(getattr(c, "_broken", None) is None for c in comms)
+
+
 def _at_exit() -> None:
     """An interpreter that ends without :func:`shutdown` still leaves in order, as
     Horovod and mpi4py do (peers see a goodbye, not a lost connection); after an
-    uncaught exception it just goes (peers should see the failure). Registered at
-    import, so it runs after ``unison.torch``'s own exit hook. Then the job's derived
-    file-store directory is counted out (:mod:`unison.jobdir`)."""
+    uncaught exception or a failed collective it just goes, as before (peers should see
+    the failure, and a broken job must not delay the exit). Registered at import, so it
+    runs after ``unison.torch``'s own exit hook. Then the job's derived file-store
+    directory is counted out (:mod:`unison.jobdir`)."""
     try:
-        if _RT is not None and not _failed:
+        rt = _RT
+        if rt is not None and not _failed and _healthy(rt):
             shutdown()
     finally:
         release_all()
