@@ -140,6 +140,14 @@ class _Target:
             self.queue.clear()
 
 
+def _background_tty(fd: int) -> bool:
+    """``fd`` is a terminal this process is not in the foreground of (``unison run … &``)."""
+    try:
+        return os.isatty(fd) and os.tcgetpgrp(fd) != os.getpgrp()
+    except OSError:
+        return False
+
+
 class StdinForwarder:
     """The launcher's side of ``--stdin`` when the launcher cannot simply hand its stdin
     to one local rank: a thread copies ``src`` (the launcher's stdin) to every target,
@@ -171,6 +179,11 @@ class StdinForwarder:
 
     def _run(self) -> None:
         reading = True
+        if _background_tty(self._src):  # reading it would stop the launcher (SIGTTIN)
+            reading = False
+            for t in self._targets:
+                t.finish()
+                t.flush()
         poll = select.poll()
         try:
             while True:
