@@ -11,6 +11,7 @@ Layer: above the backends (it imports them), below the public API
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import elastic
 from .config import Config, load_config
 from .errors import InvalidArgumentError, NotInitializedError
+from .jobdir import release_all
 from .log import configure, set_rank
 
 if TYPE_CHECKING:
@@ -91,11 +93,41 @@ def is_initialized() -> bool:
 _prev_hook = sys.excepthook
 
 
+_failed = False
+
+
 def _excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    global _failed
     rt = _RT
     if rt is not None:
+        _failed = True
         rt.report_failure(f"{tp.__name__}: {value}")
     _prev_hook(tp, value, tb)
+
+
+def _healthy(rt: World) -> bool:
+    """No group of this rank has failed (a failed group may not even reach the store)."""
+    groups = getattr(rt, "groups", None)
+    comms = [rt.world, *(groups.values() if isinstance(groups, dict) else ())]
+    return all(getattr(c, "_broken", None) is None for c in comms)
+
+
+def _at_exit() -> None:
+    """An interpreter that ends without :func:`shutdown` still leaves in order, as
+    Horovod and mpi4py do (peers see a goodbye, not a lost connection); after an
+    uncaught exception or a failed collective it just goes, as before (peers should see
+    the failure, and a broken job must not delay the exit). Registered at import, so it
+    runs after ``unison.torch``'s own exit hook. Then the job's derived file-store
+    directory is counted out (:mod:`unison.jobdir`)."""
+    try:
+        rt = _RT
+        if rt is not None and not _failed and _healthy(rt):
+            shutdown()
+    finally:
+        release_all()
+
+
+atexit.register(_at_exit)
 
 
 def init(
