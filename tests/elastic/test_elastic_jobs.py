@@ -143,3 +143,55 @@ def test_bad_elastic_arguments_are_refused(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Failed to execute discovery script: exit 4" in r.stderr
     r = _unison(tmp_path, "-H", "a:1", "--host-discovery-script", "true", "--min-np", "1", "true")
     assert r.returncode == 2 and "either -H/--hostfile or --host-discovery-script" in r.stderr
+    r = _unison(tmp_path, "-np", "2", "--min-np", "1", "--servers", "1", "true")
+    assert r.returncode == 2 and "--servers (parameter server) does not combine" in r.stderr
+
+
+def test_job_timeout_and_clean_exit_without_unison(tmp_path: Path) -> None:
+    # a command that never joins the job: the elastic launcher still supervises it
+    r = _unison(tmp_path, "-np", "1", "--min-np", "1", "--job-timeout", "1", "sleep", "30")
+    assert r.returncode == 124 and "job timed out after 1 s" in r.stderr, r.stderr
+    r = _unison(tmp_path, "-np", "2", "--min-np", "1", sys.executable, "-c", "print('hi')")
+    assert r.returncode == 0 and r.stdout.count("hi") == 2, (r.stdout, r.stderr)
+    assert "world 0: 2 ranks (localhost:2)" in r.stderr
+
+
+_WAIT_FOR_ROUND_1 = """
+import os, sys, time
+from unison.elastic import worker
+if os.environ["UNISON_ELASTIC_ID"].startswith("127."):
+    time.sleep(60)  # ended by the launcher when its host leaves the list
+    sys.exit(5)
+with open(sys.argv[1], "w") as f:
+    f.write("localhost:1\\n")  # the other host disappears from the discovery output
+w, end = worker(), time.monotonic() + 60
+while w.latest() < 1 and time.monotonic() < end:
+    time.sleep(0.1)
+print("round", w.latest())
+"""
+
+
+def test_removed_host_and_reset_limit(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    code = tmp_path / "w.py"
+    code.write_text(_WAIT_FOR_ROUND_1)
+    r = _unison(
+        tmp_path, "-np", "2", "--min-np", "1", "--host-discovery-script", f"cat {hosts}",
+        sys.executable, str(code), str(hosts),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "round 1" in r.stdout
+    assert "elastic reset 1: hosts removed by discovery: 127.0.0.1; world 1: 1 ranks" in r.stderr
+    assert "blacklisting" not in r.stderr  # ended by the launcher: not a failure
+    # one failure is one reset too many with --reset-limit 0
+    die = "import os,sys,time; os.environ['UNISON_ELASTIC_ID'][0]=='1' and sys.exit(3)\n"
+    die += "time.sleep(60)"
+    r = _unison(
+        tmp_path, "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1",
+        "--reset-limit", "0", sys.executable, "-c", die,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert (
+        "reset limit 0 exceeded (rank 1 (worker 127.0.0.1[1]) on host 127.0.0.1 failed" in r.stderr
+    )

@@ -84,6 +84,7 @@ class ElasticDriver:
         start_timeout: float | None = None,
         verbose: bool = False,
         network_interface: str | None = None,
+        job_timeout: float | None = None,
     ) -> None:
         self.command = list(command)
         self.discovery = discovery
@@ -98,6 +99,7 @@ class ElasticDriver:
         self.rsh, self.export = rsh, list(export)
         self.timeout, self.start_timeout, self.verbose = timeout, start_timeout, verbose
         self.network_interface = network_interface
+        self.job_timeout = job_timeout
         self.stderr = stderr or sys.stderr.buffer
         self.sel = selectors.DefaultSelector()
         self.output = OutputForwarder(
@@ -136,6 +138,7 @@ class ElasticDriver:
 
     def _loop(self) -> None:
         next_discovery = time.monotonic() + DISCOVERY_INTERVAL
+        end = None if self.job_timeout is None else time.monotonic() + self.job_timeout
         while True:
             live = [w for w in self.workers if w.proc.running]
             if not live and (self.waiting_since is None or self.failure is not None):
@@ -163,6 +166,8 @@ class ElasticDriver:
                 self.kill_at = None
                 for w in self.workers:
                     w.proc.signal_group(signal.SIGKILL)
+            if end is not None and now >= end and self.failure is None:
+                self._fail(f"job timed out after {self.job_timeout:g} s; ending all workers", 124)
             if now >= next_discovery and self.failure is None:
                 next_discovery = now + DISCOVERY_INTERVAL
                 self._on_discovery_tick()

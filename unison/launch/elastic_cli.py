@@ -152,6 +152,8 @@ def main(
 ) -> int:
     """``unison run`` with elastic arguments."""
     discovery: HostDiscovery
+    if args.servers:
+        raise InvalidArgumentError("--servers (parameter server) does not combine with elastic")
     if args.host_discovery_script:
         if hosts:
             raise InvalidArgumentError("give either -H/--hostfile or --host-discovery-script")
@@ -199,6 +201,7 @@ def _run(
         export=export,
         prefix=prefix,
         timeout=args.timeout,
+        job_timeout=args.job_timeout,
         start_timeout=args.start_timeout,
         verbose=args.verbose,
     )

@@ -36,15 +36,26 @@ _RECOVERABLE = (HorovodInternalError, PeerLostError, AbortedError, CollectiveTim
 last_failure_at: float | None = None
 
 
+_JOIN_ATTEMPTS = 10
+
+
 def _reset() -> None:
-    """Leave the broken or outgrown world and join the next one."""
+    """Leave the broken or outgrown world and join the next one. A world that breaks
+    while it forms (a member died before the driver noticed) is left for the next."""
     from ... import world
     from .. import basics
 
-    basics.shutdown()
-    if world.is_initialized():
-        world.shutdown()
-    basics.init()
+    for attempt in range(1, _JOIN_ATTEMPTS + 1):
+        basics.shutdown()
+        if world.is_initialized():
+            world.shutdown()
+        try:
+            basics.init()
+            return
+        except _RECOVERABLE as exc:
+            if attempt == _JOIN_ATTEMPTS:
+                raise
+            log.warning("elastic: round %d failed to form (%s)", _elastic.current_round(), exc)
 
 
 def run(func: F) -> F:
