@@ -11,6 +11,7 @@ Layer: above the backends (it imports them), below the public API
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from collections.abc import Callable
@@ -20,12 +21,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import elastic
 from .config import Config, load_config
 from .errors import InvalidArgumentError, NotInitializedError
+from .jobdir import release_all
 from .log import configure, set_rank
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .comm.communicator import Communicator
+    from .comm.group import Group
 
 __all__ = ["BACKENDS", "World", "current", "init", "is_initialized", "shutdown"]
 
@@ -40,9 +42,9 @@ class World(Protocol):
     cross_rank: int
     cross_size: int
     config: Config
-    world: Communicator
+    world: Group
 
-    def new_group(self, ranks: Sequence[int] | None) -> Communicator: ...
+    def new_group(self, ranks: Sequence[int] | None) -> Group: ...
     def report_failure(self, text: str) -> None: ...
     def close(self) -> None: ...
 
@@ -91,11 +93,41 @@ def is_initialized() -> bool:
 _prev_hook = sys.excepthook
 
 
+_failed = False
+
+
 def _excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    global _failed
     rt = _RT
     if rt is not None:
+        _failed = True
         rt.report_failure(f"{tp.__name__}: {value}")
     _prev_hook(tp, value, tb)
+
+
+def _healthy(rt: World) -> bool:
+    """No group of this rank has failed (a failed group may not even reach the store)."""
+    groups = getattr(rt, "groups", None)
+    comms = [rt.world, *(groups.values() if isinstance(groups, dict) else ())]
+    return all(getattr(c, "_broken", None) is None for c in comms)
+
+
+def _at_exit() -> None:
+    """An interpreter that ends without :func:`shutdown` still leaves in order, as
+    Horovod and mpi4py do (peers see a goodbye, not a lost connection); after an
+    uncaught exception or a failed collective it just goes, as before (peers should see
+    the failure, and a broken job must not delay the exit). Registered at import, so it
+    runs after ``unison.torch``'s own exit hook. Then the job's derived file-store
+    directory is counted out (:mod:`unison.jobdir`)."""
+    try:
+        rt = _RT
+        if rt is not None and not _failed and _healthy(rt):
+            shutdown()
+    finally:
+        release_all()
+
+
+atexit.register(_at_exit)
 
 
 def init(
@@ -153,11 +185,12 @@ def _retire_groups(rt: World) -> None:
     """Groups of a world being shut down say so when used again (an elastic reset
     re-forms the world: groups made before it must be made again after init())."""
     where = f"elastic round {elastic.current_round()}" if elastic.enabled() else "a world"
-    groups: dict[int, Communicator] = getattr(rt, "groups", {})  # native runtimes keep them
+    groups: dict[int, Group] = getattr(rt, "groups", {})  # native runtimes keep them
     why = (
         f"it belongs to {where} that was shut down (groups made before unison.shutdown() "
         "or an elastic reset cannot be used after it: create them again after unison.init())"
     )
     for comm in groups.values():
         comm._broken = NotInitializedError(why)  # every later use is refused with this
-        comm.queue.name = f"group {comm.id} ({why})"
+    for gid, ex in list(getattr(rt, "executors", {}).items()):
+        ex.queue.name = f"group {gid} ({why})"

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "unison.ps",
             "unison.tensorflow",
             "unison.keras",
+            "unison.ray",
             "unison.testing",
         ),
     ),
@@ -39,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "unison.store",
             "unison.jobenv",
+            "unison.jobdir",
             "unison.config",
             "unison.log",
             "unison.buffers",
@@ -46,6 +48,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "unison.errors",
             "unison._types",
             "unison._version",
+            "unison._completion",
             "unison.testing.faults",
         ),
     ),
@@ -126,6 +129,6 @@ def test_no_upward_imports() -> None:
     assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("mod", ["unison.link", "unison.errors"])
+@pytest.mark.parametrize("mod", ["unison.link", "unison.errors", "unison._completion"])
 def test_bottom_modules_import_nothing_of_unison(mod: str) -> None:
     assert not _graph()[mod], f"{mod} must stay at the bottom"

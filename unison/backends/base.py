@@ -1,5 +1,5 @@
 """What the external engines (``mpi``, ``torch``) share: the runtime of a job whose
-bytes move on such an engine, and the Work over an engine request.
+bytes move on such an engine, and the Work over an engine request (:func:`poll_work`).
 
 The seam itself, :class:`unison.comm.backend.Backend`, lives in ``comm``.
 :class:`BackendRuntime` stands in for the native runtime: identity, world and
@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..comm.group import Group, check_members
 from ..comm.work import Work
 from ..errors import (
     CollectiveTimeoutError,
     CommunicationError,
-    InvalidArgumentError,
     LaunchError,
     UnisonError,
     UnsupportedError,
@@ -26,95 +26,67 @@ from ..errors import (
 
 if TYPE_CHECKING:
     from ..comm.backend import Backend
-    from ..comm.communicator import Communicator
     from ..config import Config
 
-__all__ = ["BackendRuntime", "PollWork", "check_launch", "comm_error"]
+__all__ = ["BackendRuntime", "poll_work", "check_launch", "comm_error"]
 
 
-class PollWork(Work):
+def poll_work(
+    name: str,
+    test: Callable[[], bool],
+    timeout: float,
+    translate: Callable[[BaseException], BaseException],
+    done: Callable[[], Any] | None = None,
+    block: Callable[[], Any] | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
+) -> Work:
     """A Work over an engine request: ``test()`` says done (raising its error), ``done()``
-    post-processes (AVG division, copies), all within the operation's deadline.
+    post-processes (AVG division, copies) and gives the result, all within ``timeout``.
 
-    Waiting polls, yielding the CPU, for the first 2 ms, then backs off from 50 µs to
-    1 ms: engines' blocking waits have no deadline, and unison's calls never hang.
-    ``block``, where the engine has a wait bounded by its own timeout (Gloo, NCCL),
-    serves a wait without a timeout instead of polling.
+    Engines' blocking waits have no deadline and unison's calls never hang, so the
+    request is polled (:class:`Work`'s wait loop yields, then backs off). ``block``, where
+    the engine has a wait bounded by its own timeout (Gloo, NCCL), serves a wait without
+    a timeout instead. ``on_error`` is told when the engine failed or timed out (the
+    group's state is then unknown).
     """
+    deadline = time.monotonic() + timeout
+    lock = threading.Lock()
 
-    def __init__(
-        self,
-        name: str,
-        test: Callable[[], bool],
-        timeout: float,
-        translate: Callable[[BaseException], BaseException],
-        done: Callable[[], Any] | None = None,
-        block: Callable[[], Any] | None = None,
-        on_error: Callable[[BaseException], None] | None = None,
-    ) -> None:
-        super().__init__(name)
-        #: told when the engine failed or timed out (the group's state is then unknown)
-        self._on_error = on_error
-        self._block = block
-        self._test = test
-        self._timeout = timeout
-        self._deadline = time.monotonic() + timeout
-        self._translate = translate
-        self._post = done
-        self._plock = threading.Lock()
+    def fail(work: Work, exc: BaseException) -> None:
+        if on_error is not None and not isinstance(exc, UnsupportedError):
+            on_error(exc)
+        work._finish(error=exc)
 
-    def _poll(self) -> bool:
-        with self._plock:
-            if self._done:
+    def progress(work: Work, budget: float | None) -> bool:
+        if budget is None and block is not None and not work._done:
+            try:
+                block()
+            except BaseException:
+                pass  # test() raises it again, translated, below
+        with lock:
+            if work._done:
                 return True
             try:
-                if not self._test():
-                    if time.monotonic() < self._deadline:
+                if not test():
+                    if time.monotonic() < deadline:
                         return False
-                    self._fail(
+                    fail(
+                        work,
                         CollectiveTimeoutError(
-                            f"{self.name} did not complete within {self._timeout:g}s",
-                            op=self.name,
-                        )
+                            f"{name} did not complete within {timeout:g}s", op=name
+                        ),
                     )
                     return True
-                result = self._post() if self._post is not None else None
+                result = done() if done is not None else None
             except UnisonError as exc:
-                self._finish(error=exc)
+                work._finish(error=exc)
             except BaseException as exc:
-                self._fail(self._translate(exc))
+                fail(work, translate(exc))
             else:
-                self._finish(result)
+                work._finish(result)
             return True
 
-    def _fail(self, exc: BaseException) -> None:
-        if self._on_error is not None and not isinstance(exc, UnsupportedError):
-            self._on_error(exc)
-        self._finish(error=exc)
-
-    def _wait_done(self, timeout: float | None) -> bool:
-        if self._poll():
-            return True
-        if timeout is None and self._block is not None:
-            try:
-                self._block()
-            except BaseException:
-                pass  # test() raises it again, translated, from _poll
-            if self._poll():
-                return True
-        now = time.monotonic()
-        end = None if timeout is None else now + timeout
-        spin_until = now + 2e-3
-        pause = 0.0
-        while True:
-            now = time.monotonic()
-            if end is not None and now >= end:
-                return self._poll()
-            time.sleep(pause)  # sleep(0) yields the processor
-            if now >= spin_until:
-                pause = min(max(pause * 2, 5e-5), 1e-3)
-            if self._poll():
-                return True
+    return Work(name, progress=progress, polled=True)
 
 
 #: how to start a job on each external engine, for the refusal below
@@ -158,48 +130,31 @@ class BackendRuntime:
         size: int,
         local: tuple[int, int, int, int],
     ) -> None:
-        from ..comm.communicator import Communicator
-
         self.backend = backend
         self.config = config
         self.rank = rank
         self.size = size
         self.local_rank, self.local_size, self.cross_rank, self.cross_size = local
-        self.op_hook: Callable[[Any, int, Any], None] | None = None
-        self.store = None
-        self.groups: dict[int, Communicator] = {}
-        self.stuck: dict[int, tuple[int, int, str]] = {}
         self._next_gid = 1
         self._lock = threading.Lock()
-        self.world = Communicator(self, 0, range(size))
-        self.groups[0] = self.world
+        self.world = Group(0, range(size), rank, config, backend)
+        #: every group of this runtime, by id
+        self.groups: dict[int, Group] = {0: self.world}
 
-    def new_group(self, ranks: Sequence[int] | None) -> Communicator:
-        from ..comm.communicator import Communicator
-
-        members = list(range(self.size)) if ranks is None else [int(r) for r in ranks]
-        if not members or len(set(members)) != len(members):
-            raise InvalidArgumentError(
-                f"new_group: ranks must be distinct and non-empty, got {list(ranks or [])}"
-            )
-        bad = [r for r in members if not 0 <= r < self.size]
-        if bad:
-            raise InvalidArgumentError(f"new_group: ranks {bad} are outside 0..{self.size - 1}")
+    def new_group(self, ranks: Sequence[int] | None) -> Group:
+        members = check_members(ranks, self.size)
         with self._lock:
             gid = self._next_gid
             self._next_gid += 1
-        members.sort()
         self.backend.new_group(gid, members)
-        comm = Communicator(self, gid, members)
-        self.groups[gid] = comm
-        return comm
+        g = Group(gid, members, self.rank, self.config, self.backend)
+        self.groups[gid] = g
+        return g
 
     def report_failure(self, text: str) -> None:
         """Failures are reported by the engine's own launcher (mpirun, torchrun)."""
 
     def close(self) -> None:
-        for comm in list(self.groups.values()):
-            comm.close()
         self.backend.close()
 
 

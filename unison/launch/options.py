@@ -90,8 +90,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--stdin",
         default="0",
         metavar="none|all|RANK",
-        help="which ranks read the launcher's stdin on this host (mpirun's default: "
-        "rank 0); the others read /dev/null",
+        help="which ranks read the launcher's stdin, on any host (mpirun's default: "
+        "rank 0; 'all': each gets a copy); the others read /dev/null",
     )
     p.add_argument(
         "--output-filename",

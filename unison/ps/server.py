@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..buffers import from_numpy
-from ..comm.communicator import Communicator
+from ..comm.group import Group
 from ..comm.work import Work
 from ..errors import (
     CollectiveTimeoutError,
@@ -35,12 +35,12 @@ from ..errors import (
 )
 from ..log import get_logger
 from .consistency import Consistency
-from .state import Reply, Request, ServerState
+from .state import Reply, ServerState, WorkerRequest
 from .wire import (
     HEADER,
     TAG_REPLY,
     TAG_REQUEST,
-    Op,
+    PsOp,
     pack_header,
     pack_meta,
     unpack_header,
@@ -88,14 +88,14 @@ def _array_for(spec: Any) -> np.ndarray | None:
 class Server:
     def __init__(
         self,
-        comm: Communicator,
+        comm: Group,
         index: int,
         workers: list[int],
         policy: Consistency,
         timeout: float,
     ) -> None:
         self.comm = comm
-        self.rank = comm.rt.rank
+        self.rank = comm.global_rank
         self.timeout = timeout
         self.state = ServerState(
             index,
@@ -103,16 +103,16 @@ class Server:
             workers,
             policy,
             park_timeout=0.8 * timeout,
-            elastic=comm.rt.config.ps_elastic,
+            elastic=comm.config.ps_elastic,
         )
-        self.inbox: queue.Queue[Request | _Lost] = queue.Queue()
+        self.inbox: queue.Queue[WorkerRequest | _Lost] = queue.Queue()
         self.sends: deque[Work] = deque()
 
     # --- receiving (one thread per worker) -------------------------------------------------
     def _recv(self, buf: np.ndarray, worker: int) -> None:
         self.comm.irecv(buf, worker, TAG_REQUEST).wait()
 
-    def _read(self, worker: int) -> Request:
+    def _read(self, worker: int) -> WorkerRequest:
         hdr = np.empty(HEADER.size, np.uint8)
         try:
             self._recv(hdr, worker)
@@ -122,7 +122,7 @@ class Server:
                 ranks=(worker,),
             ) from None
         op, count, req_id, clock, meta_len = unpack_header(hdr)
-        req = Request(worker, op, req_id, clock)
+        req = WorkerRequest(worker, op, req_id, clock)
         if meta_len:
             raw = np.empty(meta_len, np.uint8)
             self._recv(raw, worker)
@@ -160,7 +160,7 @@ class Server:
                 self.inbox.put(_Lost(worker, f"receiving failed: {exc!r}"))
                 return
             self.inbox.put(req)
-            if req.op == Op.BYE:
+            if req.op == PsOp.BYE:
                 return
 
     # --- sending ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..._types import ReduceOp
 from ...comm import collectives as _c
-from ...comm.communicator import Communicator
+from ...comm.group import Group
 from ...comm.work import Work as UWork
 from ...errors import InvalidArgumentError, UnsupportedError
 from ._work import UnisonWork, translate
@@ -97,7 +97,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         rank: int,
         size: int,
         timeout: timedelta,
-        comm: Communicator,
+        comm: Group,
         default: bool,
     ) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]
@@ -142,7 +142,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         source: Callable[[], int] | None = None,
     ) -> UnisonWork:
         return UnisonWork(
-            f"{name} on rank {self._comm.rt.rank}",
+            f"{name} on rank {self._comm.global_rank}",
             [p for p in parts if p is not None],
             result,
             stage.finish(),
