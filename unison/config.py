@@ -24,6 +24,7 @@ from .errors import InvalidArgumentError
 __all__ = [
     "ENV_CROSS_RANK",
     "ENV_CROSS_SIZE",
+    "ENV_ELASTIC_ID",
     "ENV_HOST_ID",
     "ENV_JOB_ID",
     "ENV_LOCAL_RANK",
@@ -56,6 +57,7 @@ ENV_HOST_ID = "UNISON_HOST_ID"  # overrides the detected host identity
 ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob, read by job detection too
 ENV_NUM_SERVERS = "UNISON_NUM_SERVERS"  # parameter-server processes: the last N ranks
 ENV_ROLE = "UNISON_ROLE"  # "worker" or "server" (parameter server), overrides the above
+ENV_ELASTIC_ID = "UNISON_ELASTIC_ID"  # elastic jobs: this worker's id (see unison.elastic)
 ENV_OUTPUT_TTY = "UNISON_OUTPUT_TTY"  # "1": the launcher's output is a terminal
 
 _IDENTITY = {
@@ -71,6 +73,8 @@ _IDENTITY = {
     ENV_HOST_ID: "host identity override (ranks with equal ids share a host)",
     ENV_NUM_SERVERS: "parameter-server processes: the last N ranks (unison run --servers N)",
     ENV_ROLE: "this process's parameter-server role, worker or server (overrides the above)",
+    ENV_ELASTIC_ID: "set by unison run in an elastic job: this worker's id; init() then takes "
+    "its rank and size from the driver's latest round (unison.elastic)",
     ENV_OUTPUT_TTY: "set by unison run: 1 when its output is a terminal (progress bars make "
     "sense), else 0",
 }
@@ -158,6 +162,13 @@ KNOBS: tuple[Knob, ...] = (
         1 << 16,
         _size,
         "messages up to this size are sent from the caller's thread",
+    ),
+    Knob(
+        "UNISON_SMALL_BYTES",
+        "small_bytes",
+        4096,
+        _size,
+        "world collectives up to this size on one host take the shared slot path; 0: off",
     ),
     Knob(
         "UNISON_LOG_LEVEL",
@@ -275,6 +286,29 @@ KNOBS: tuple[Knob, ...] = (
         "unison.torch: fail stalled tensors on every rank after this many seconds; 0 = never "
         "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)",
     ),
+    # link model (unison.transport.calibrate): measured per host; these pin a value
+    Knob("UNISON_SHM_ALPHA", "shm_alpha", 0.0, _positive_float, "shm seconds per message"),
+    Knob("UNISON_SHM_BETA", "shm_beta", 0.0, _positive_float, "shm seconds per byte"),
+    Knob("UNISON_TCP_ALPHA", "tcp_alpha", 0.0, _positive_float, "tcp seconds per message"),
+    Knob("UNISON_TCP_BETA", "tcp_beta", 0.0, _positive_float, "tcp seconds per byte"),
+    Knob("UNISON_CALL_OVERHEAD", "call_overhead", 0.0, _positive_float, "seconds per call"),
+    Knob("UNISON_LINK_CACHE", "link_cache", "", str, "link-model cache dir; off: none"),
+    Knob(
+        "UNISON_PS_ELASTIC",
+        "ps_elastic",
+        False,
+        _bool,
+        "unison.ps: a lost worker leaves the job (its clock stops holding back SSP/BSP) "
+        "instead of failing every other worker",
+    ),
+    Knob(
+        "UNISON_ELASTIC_TIMEOUT",
+        "elastic_timeout",
+        600.0,
+        _positive_float,
+        "elastic jobs: how long a worker waits for the next world after a reset, and the "
+        "launcher for --min-np slots (unison run --elastic-timeout; HOROVOD_ELASTIC_TIMEOUT)",
+    ),
 )
 
 
@@ -287,6 +321,7 @@ class Config:
     transport: str = "auto"
     segment_bytes: int = 1 << 20
     inline_send_bytes: int = 1 << 16
+    small_bytes: int = 4096
     log_level: str = "WARNING"
     bind_addr: str = ""
     network_interface: str = ""
@@ -303,6 +338,16 @@ class Config:
     stall_check_disable: bool = False
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
+    shm_alpha: float = 0.0
+    shm_beta: float = 0.0
+    tcp_alpha: float = 0.0
+    tcp_beta: float = 0.0
+    call_overhead: float = 0.0
+    link_cache: str = ""
+    elastic_timeout: float = 600.0
+    ps_elastic: bool = False
+    #: the elastic rendezvous round this process joins (set by init() in an elastic job)
+    elastic_round: int = -1
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

@@ -16,6 +16,7 @@ from ...algorithms import OpCode, OpContext, linear
 from ...algorithms import barrier_dissemination as barrier_algo
 from ...buffers import Buffer, finalize_average, kernel
 from .p2p import post_recv, post_send
+from .small import slots_for, small_all_gather, small_body, small_reduce_scatter
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -47,23 +48,39 @@ class NativeBackend:
 
     def broadcast(self, comm: Group, b: Buffer, root: int) -> Work:
         ex = self._ex(comm)
+        sig = ex.sig(OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
+        slots = slots_for(self.rt, comm, b.nbytes)
+        if slots is not None:
+            s = slots
+
+            def run(timeout: float, key: int) -> None:
+                s.broadcast(b.array, root, timeout, key)
+
+            return ex.submit(OpCode.BROADCAST, sig, small_body(self.rt, s, sig, run))
         algo = self._choose(comm, "broadcast", b.nbytes)
 
         def body(ctx: OpContext) -> None:
             algo.run(ctx, b.array, root, ctx.seg_count(b.dtype))
 
-        sig = ex.sig(OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
         return ex.submit(OpCode.BROADCAST, sig, body)
 
     def all_reduce(self, comm: Group, b: Buffer, op: ReduceOp) -> Work:
         ex = self._ex(comm)
+        sig = ex.sig(OpCode.ALL_REDUCE, b.dtype, b.count, redop=op)
+        slots = slots_for(self.rt, comm, b.nbytes)
+        if slots is not None:
+            s = slots
+
+            def run(timeout: float, key: int) -> None:
+                s.all_reduce(b.array, op, timeout, key, b.dtype)
+
+            return ex.submit(OpCode.ALL_REDUCE, sig, small_body(self.rt, s, sig, run))
         kern = kernel(op, b.dtype)
         algo = self._choose(comm, "allreduce", b.nbytes)
 
         def body(ctx: OpContext) -> None:
             algo.run(ctx, b.array, kern, op, b.dtype, ctx.seg_count(b.dtype))
 
-        sig = ex.sig(OpCode.ALL_REDUCE, b.dtype, b.count, redop=op)
         return ex.submit(OpCode.ALL_REDUCE, sig, body)
 
     def reduce(self, comm: Group, b: Buffer, root: int, op: ReduceOp) -> Work:
@@ -79,6 +96,11 @@ class NativeBackend:
 
     def all_gather(self, comm: Group, b: Buffer, outs: list[np.ndarray], result: Any) -> Work:
         ex = self._ex(comm)
+        sig = ex.sig(OpCode.ALL_GATHER, b.dtype, b.count)
+        slots = slots_for(self.rt, comm, b.nbytes)
+        if slots is not None:
+            run = small_all_gather(slots, b, outs, result)
+            return ex.submit(OpCode.ALL_GATHER, sig, small_body(self.rt, slots, sig, run))
         algo = self._choose(comm, "allgather", b.nbytes * comm.size)
         me = comm.rank
         assert me is not None
@@ -89,7 +111,6 @@ class NativeBackend:
             algo.run(ctx, outs, ctx.seg_count(b.dtype))
             return result
 
-        sig = ex.sig(OpCode.ALL_GATHER, b.dtype, b.count)
         return ex.submit(OpCode.ALL_GATHER, sig, body)
 
     def gather(
@@ -130,6 +151,11 @@ class NativeBackend:
         op: ReduceOp,
     ) -> Work:
         ex = self._ex(comm)
+        sig = ex.sig(OpCode.REDUCE_SCATTER, out.dtype, out.count, redop=op)
+        slots = slots_for(self.rt, comm, out.nbytes * comm.size)
+        if slots is not None:
+            run = small_reduce_scatter(slots, out, ins, op, out.dtype)
+            return ex.submit(OpCode.REDUCE_SCATTER, sig, small_body(self.rt, slots, sig, run))
         kern = kernel(op, out.dtype)
         algo = self._choose(comm, "reduce_scatter", out.nbytes * comm.size)
 
@@ -138,7 +164,6 @@ class NativeBackend:
             if op is ReduceOp.AVG:
                 finalize_average(out.array, out.dtype, ctx.size)
 
-        sig = ex.sig(OpCode.REDUCE_SCATTER, out.dtype, out.count, redop=op)
         return ex.submit(OpCode.REDUCE_SCATTER, sig, body)
 
     def all_to_all(
@@ -161,11 +186,20 @@ class NativeBackend:
 
     def barrier(self, comm: Group) -> Work:
         ex = self._ex(comm)
+        sig = ex.sig(OpCode.BARRIER)
+        slots = slots_for(self.rt, comm, 0)
+        if slots is not None:
+            s = slots
+
+            def run(timeout: float, key: int) -> None:
+                s.barrier(timeout, key)
+
+            return ex.submit(OpCode.BARRIER, sig, small_body(self.rt, s, sig, run))
 
         def body(ctx: OpContext) -> None:
             barrier_algo.run(ctx)
 
-        return ex.submit(OpCode.BARRIER, ex.sig(OpCode.BARRIER), body)
+        return ex.submit(OpCode.BARRIER, sig, body)
 
     def isend(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         return post_send(self._ex(comm), b, peer, tag)

@@ -31,6 +31,7 @@ from ...transport.framing import OpSig
 from .backend import NativeBackend
 from .executor import Executor
 from .fabric import Fabric
+from .small import arena_sync
 
 __all__ = ["Runtime"]
 
@@ -83,7 +84,12 @@ class Runtime:
         job, cfg = self.job, self.config
         if self.size > 1:
             self.store = self._open_store()
-            self.epoch = self.store.add(f"unison/epoch/{self.rank}", 1)
+            # an elastic round is its own rendezvous (ranks change between rounds)
+            self.epoch = (
+                (1 << 30) + cfg.elastic_round
+                if cfg.elastic_round >= 0
+                else self.store.add(f"unison/epoch/{self.rank}", 1)
+            )
             host = job.store_addr[0] if job.store_addr else None
             self.infos = connect_mesh(
                 self.store,
@@ -98,6 +104,9 @@ class Runtime:
                 adopt=self.fabric.adopt,
             )
             self.fabric.finish(self.infos)
+            arena, slots = self.fabric.arena, self.fabric.seqslots
+            if arena is not None and slots is not None:  # rounds sync on the slots
+                arena.sync_hook = arena_sync(self, slots)
             self.link = self.fabric.link()
             self.local_rank, self.local_size, self.cross_rank, self.cross_size = _layout(
                 self.infos, self.rank
