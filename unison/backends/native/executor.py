@@ -21,7 +21,6 @@ from ...algorithms import OpCode, OpContext, Topology, describe
 from ...comm.group import Group
 from ...comm.work import Work
 from ...errors import AbortedError, CommunicationError, MismatchError
-from ...log import get_logger
 from ...transport.framing import Control, OpSig
 from .desync import ROOTED, Confirmation, foreign_frame_error
 from .ordered import OrderedQueue
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 __all__ = ["Executor"]
-
-log = get_logger("comm")
 
 
 class Executor:
