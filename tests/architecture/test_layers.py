@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "unison.store",
             "unison.jobenv",
+            "unison.jobdir",
             "unison.config",
             "unison.log",
             "unison.buffers",

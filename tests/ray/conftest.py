@@ -23,10 +23,20 @@ def ray_local() -> Iterator[None]:
     # GPUs declared as a resource only (no device is touched): use_gpu's placement and
     # CUDA_VISIBLE_DEVICES handling are checked without a GPU
     node = {"num_cpus": 2, "num_gpus": 2, "object_store_memory": 80 * 1024 * 1024}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cluster = None
+    for attempt in (1, 2):  # Ray gives a raylet 30 s to register: a loaded machine misses it
+        cluster = Cluster()
+        try:
+            cluster.add_node(**node, include_dashboard=False)  # the head
+            cluster.add_node(**node)
+            cluster.wait_for_nodes()
+            break
+        except Exception:
+            cluster.shutdown()
+            if attempt == 2:
+                raise
+    assert cluster is not None
     try:
-        cluster.add_node(**node)
-        cluster.wait_for_nodes()
         ray.init(address=cluster.address, configure_logging=False)
         yield
     finally:

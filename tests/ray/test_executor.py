@@ -247,8 +247,11 @@ def test_horovod_argument_checks() -> None:
         RayExecutor(None, max_workers=4)
     with pytest.raises(ValueError, match="Both `min_workers` and `num_workers` provided"):
         RayExecutor(None, num_workers=2, min_workers=1)
-    with pytest.raises(UnsupportedError, match="elastic"):
-        RayExecutor(None, min_workers=1, max_workers=2)
+    with pytest.raises(ValueError, match="need 1 <= min_workers <= max_workers"):
+        RayExecutor(None, min_workers=3, max_workers=2)
+    elastic = RayExecutor(None, min_workers=1, max_workers=2)  # the elastic form: run() only
+    with pytest.raises(UnsupportedError, match="only run"):
+        elastic.run_remote(lambda: 0)
     with pytest.raises(ValueError, match="num_workers must be >= 1"):
         RayExecutor(None, num_workers=0)
     s = RayExecutor.create_settings(timeout_s=12, placement_group_timeout_s=7, nics={"lo"})
