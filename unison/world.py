@@ -109,7 +109,7 @@ def _healthy(rt: World) -> bool:
     """No group of this rank has failed (a failed group may not even reach the store)."""
     groups = getattr(rt, "groups", None)
     comms = [rt.world, *(groups.values() if isinstance(groups, dict) else ())]
-    return all(getattr(c, "_broken", None) is None for c in comms)
+    return all(getattr(c, "broken", None) is None for c in comms)
 
 
 def _at_exit() -> None:

@@ -103,3 +103,48 @@ def test_stdin_reaches_remote_and_local_ranks(tmp_path: Path) -> None:
         got = {int(w[1]): bytes.fromhex(w[2] if len(w) > 2 else "")
                for w in (line.split(" ", 3)[1:] for line in out.stdout.splitlines())}  # fmt: skip
         assert got == {r: (data if r in readers else b"") for r in range(3)}, spec
+
+
+def test_background_launcher_does_not_read_its_terminal(tmp_path: Path) -> None:
+    """``unison run … &`` on a terminal: reading it would stop the launcher (SIGTTIN) and
+    the job with it; the remote rank reads end of file instead and the job ends."""
+    import pty
+
+    out = tmp_path / "out"
+    argv = [
+        sys.executable, "-m", "unison", "run", "-np", "1", "-H", "fakehost:1",
+        "--rsh", "env UNISON_TEST_HOST={host}", "--store-addr", "127.0.0.1",
+        "--output-filename", str(out), sys.executable, "-c", READER,
+    ]  # fmt: skip
+    pid, fd = pty.fork()
+    if pid == 0:  # a new session on the pty; the launcher in a background group of it
+        try:
+            child = os.fork()
+            if child == 0:
+                os.setpgid(0, 0)
+                os.execve(argv[0], argv, ENV)
+            (tmp_path / "launcher.pid").write_text(str(child))
+            _, status = os.waitpid(child, 0)
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        finally:
+            os._exit(99)
+    os.set_blocking(fd, False)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            try:
+                os.read(fd, 4096)  # drain the terminal
+            except OSError:  # nothing to read (or the session is gone)
+                time.sleep(0.05)
+        else:
+            os.killpg(int((tmp_path / "launcher.pid").read_text()), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the launcher did not finish: stopped by SIGTTIN?")
+    finally:
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (out / "1" / "rank.0" / "stdout").read_text() == "IN 0 \n"
