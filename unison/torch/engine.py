@@ -11,7 +11,17 @@ validates the requests and announces the responses. Then every rank executes
 the same responses in the same order (:mod:`unison.torch.execute`).
 
 A cycle starts when there is new local work or a peer's message for it has
-arrived, so ranks that submit in different orders meet without polling.
+arrived, so ranks that submit in different orders meet without polling. A rank
+with nothing of its own to offer answers a peer's cycle after a short linger
+(:data:`LINGER_S`) unless local work arrives first, so a rank that is a little
+behind joins the cycle with its tensor instead of an empty message.
+
+The steady-state fast path: a blocking call (``hvd.allreduce`` ...) made while
+the engine is idle (nothing queued or pending, no cycle running) runs the cycle
+on the caller's thread (:meth:`Engine.run_blocking`) and waits on the peers'
+receives itself (:meth:`Channel.pull`): a cached small all-reduce then completes
+without a thread hand-off. The cycle is the same on either thread (one runs at a
+time, in order), so peers cannot tell the difference.
 """
 
 from __future__ import annotations
@@ -34,9 +44,12 @@ from .settings import Settings
 from .stall import StallInspector
 from .timeline import Timeline
 
-__all__ = ["Engine"]
+__all__ = ["LINGER_S", "Engine"]
 
 log = logging.getLogger("unison.torch")
+
+#: how long a rank with no work of its own waits for some before answering a peer's cycle
+LINGER_S = 0.002
 
 
 class Engine:
@@ -63,10 +76,14 @@ class Engine:
         self._error: BaseException | None = None
         self._closing = False
         self._kick = False
+        self._running = False  # a thread (engine or caller) is running a cycle
+        self._arrived = 0.0  # when the first peer message of the next cycle arrived
         self._cycle = 0
         # counts for tests and profiles: cycles run, control messages sent, responses
         # reduced inline (from the cycle messages, no data collective)
-        self.counts = {"cycles": 0, "control_sent": 0, "inline": 0}
+        # reduced inline (from the cycle messages, no data collective), cycles run on the
+        # caller's thread
+        self.counts = {"cycles": 0, "control_sent": 0, "inline": 0, "caller": 0}
         self.cache = ResponseCache(settings.cache_capacity)
         self.coord = Coordinator(self.size) if self.me == 0 else None
         self.stall = StallInspector(
@@ -97,21 +114,55 @@ class Engine:
 
     # --- submission (user threads) --------------------------------------------------------
     def submit(self, entry: Entry) -> None:
-        name = entry.request.name
         with self._cv:
-            if self._error is not None:
-                raise HorovodInternalError(
-                    f"cannot submit {name!r}: the engine failed earlier: {self._error}"
-                ) from self._error
-            if self._closing:
-                raise HorovodInternalError(f"cannot submit {name!r}: Horovod has been shut down")
-            if name in self._pending or any(e.request.name == name for e in self._new):
-                raise ValueError(
-                    f"a tensor named {name!r} is already being processed; names of pending "
-                    "operations must be unique (synchronize the earlier one first)"
-                )
+            self._admit(entry)
             self._new.append(entry)
             self._cv.notify_all()
+
+    def run_blocking(self, entry: Entry) -> None:
+        """Submit ``entry`` for a caller that waits on it at once: when the engine is idle
+        the caller's thread runs the cycle itself (the engine thread takes over anything
+        the cycle leaves pending)."""
+        with self._cv:
+            self._admit(entry)
+            self._new.append(entry)
+            if (
+                self._running
+                or self._pending
+                or len(self._new) > 1
+                or self._kick
+                or self.settings.cycle_time > 0
+            ):
+                self._cv.notify_all()
+                return
+            self._running = True
+        try:
+            self.counts["caller"] += 1
+            self._run_cycle()
+        except BaseException as exc:
+            self._fail_all(exc)
+        finally:
+            with self._cv:
+                self._running = False
+                # the engine thread takes over what is left (and its stall checks)
+                if self._new or self._pending or self._kick or self._error:
+                    self._cv.notify_all()
+                elif (self._cycle + 1) in self._inbox:
+                    self._cv.notify_all()
+
+    def _admit(self, entry: Entry) -> None:
+        name = entry.request.name
+        if self._error is not None:
+            raise HorovodInternalError(
+                f"cannot submit {name!r}: the engine failed earlier: {self._error}"
+            ) from self._error
+        if self._closing:
+            raise HorovodInternalError(f"cannot submit {name!r}: Horovod has been shut down")
+        if name in self._pending or any(e.request.name == name for e in self._new):
+            raise ValueError(
+                f"a tensor named {name!r} is already being processed; names of pending "
+                "operations must be unique (synchronize the earlier one first)"
+            )
 
     @property
     def cycles(self) -> int:
@@ -161,10 +212,15 @@ class Engine:
             if msg == "bye":
                 self._gone.add(r)
             elif msg[0] == "C":
+                if msg[1] not in self._inbox:
+                    self._arrived = time.monotonic()
                 self._inbox.setdefault(msg[1], {})[r] = msg
             elif msg[0] == "R":
                 self._responses[msg[1]] = msg[2]
-            self._cv.notify_all()
+            # a running cycle waits on the receives itself (Channel.pull) and whoever ends
+            # it wakes the loop if more is wanted: only an idle loop needs the news
+            if not self._running:
+                self._cv.notify_all()
 
     def _peer_error(self, peer: int, exc: BaseException) -> None:
         with self._cv:
@@ -175,8 +231,18 @@ class Engine:
             self._cv.notify_all()
 
     # --- the loop ----------------------------------------------------------------------------
+    def _linger(self) -> float:
+        """Seconds to wait before answering a peer's cycle with nothing of our own (0: now)."""
+        if self._pending or self._force or (self.coord is not None and self.coord.busy):
+            return 0.0
+        return self._arrived + LINGER_S - time.monotonic()
+
     def _wanted(self) -> bool:
-        return bool(self._new) or self._kick or (self._cycle + 1) in self._inbox
+        if self._running:
+            return False
+        if self._new or self._kick:
+            return True
+        return (self._cycle + 1) in self._inbox and self._linger() <= 0
 
     def _loop(self) -> None:
         try:
@@ -187,14 +253,23 @@ class Engine:
                             raise self._error
                         if self._closing:
                             return
-                        self._cv.wait(self._idle_timeout())
+                        t = self._idle_timeout()
+                        if not self._running and (self._cycle + 1) in self._inbox:
+                            t = min(t, max(self._linger(), 1e-4))
+                        self._cv.wait(t)
                         self._housekeeping()
                     if self._error is not None:
                         raise self._error
+                    self._running = True
                 if self.settings.cycle_time > 0 and (self._cycle + 1) not in self._inbox:
                     with self._cv:  # Horovod's cycle time: gather more tensors first
                         self._cv.wait(self.settings.cycle_time)
-                self._run_cycle()
+                try:
+                    self._run_cycle()
+                finally:
+                    with self._cv:
+                        self._running = False
+                        self._cv.notify_all()
         except BaseException as exc:
             self._fail_all(exc)
 
@@ -310,8 +385,8 @@ class Engine:
 
     def _gather(self, k: int) -> dict[int, Any]:
         deadline = time.monotonic() + self.settings.timeout
-        with self._cv:
-            while True:
+        while True:
+            with self._cv:
                 got = self._inbox.get(k, {})
                 if len(got) == self.size - 1:
                     return dict(self._inbox.pop(k, {}))
@@ -325,22 +400,26 @@ class Engine:
                         f"{sorted(self._pending)[:8]}",
                         ranks=gone,
                     )
+                missing = [self.ranks[r] for r in range(self.size) if r != self.me and r not in got]
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = [
-                        self.ranks[r] for r in range(self.size) if r != self.me and r not in got
-                    ]
                     raise HorovodInternalError(
                         f"negotiation timed out after {self.settings.timeout:g}s; "
                         f"not heard from ranks {missing}",
                         ranks=missing,
                     )
-                self._cv.wait(min(left, 1.0))
+                # wait on that peer's posted receive in this thread (no hand-off); taken
+                # under the lock: its message has not been delivered, so it lands there
+                peer = missing[0]
+                work = self.channel.posted(peer)
+            self.channel.pull(peer, work, min(left, 1.0))
 
     def _await_responses(self, k: int) -> list[Response]:
         deadline = time.monotonic() + self.settings.timeout
-        with self._cv:
-            while k not in self._responses:
+        while True:
+            with self._cv:
+                if k in self._responses:
+                    return self._responses.pop(k)
                 if self._error is not None:
                     raise self._error
                 if 0 in self._gone:
@@ -352,8 +431,8 @@ class Engine:
                         f"{self.settings.timeout:g}s",
                         ranks=(self.ranks[0],),
                     )
-                self._cv.wait(min(left, 1.0))
-            return self._responses.pop(k)
+                work = self.channel.posted(self.ranks[0])
+            self.channel.pull(self.ranks[0], work, min(left, 1.0))
 
     def _execute(self, responses: list[Response], parts: list[dict[str, bytes]]) -> None:
         now = time.perf_counter()
