@@ -48,8 +48,21 @@ class Work:
             self._error = error
             self._done = True
             event = self._event
+            callbacks = self.__dict__.pop("_callbacks", ())
         if event is not None:
             event.set()
+        for fn in callbacks:
+            fn(self)
+
+    def add_done_callback(self, fn: Callable[[Work], None]) -> None:
+        """Run ``fn(self)`` once the operation finishes, on the thread that finishes it
+        (here and now if it has). Only an operation an engine finishes calls it unasked;
+        a point-to-point request finishes when someone waits on it."""
+        with _LOCK:
+            if not self._done:
+                self.__dict__.setdefault("_callbacks", []).append(fn)
+                return
+        fn(self)
 
     def _wait_done(self, timeout: float | None) -> bool:
         if self._done:
