@@ -96,6 +96,7 @@ def _mixed() -> dict[str, Any]:
     ones in flight, grouped and in place, plus a mismatch that must fail on every rank
     and leave the engine usable."""
     import unison.torch as hvd
+    from unison.comm import Work
     from unison.torch.basics import engine_of
 
     eng = engine_of(hvd.global_process_set)
@@ -108,6 +109,8 @@ def _mixed() -> dict[str, Any]:
         ]
         got["blocking"].append(hvd.allreduce(torch.tensor([r + i], dtype=torch.int64)).tolist())
         got["async"].append([hvd.synchronize(h).tolist() for h in pending])
+        # a Handle is unison's one future type, with Horovod's poll/synchronize on top
+        assert all(isinstance(h, Work) and h.is_completed() and hvd.poll(h) for h in pending)
         got["bcast"].append(hvd.broadcast(torch.tensor([float(r + i)]), root_rank=1).item())
     t = torch.arange(4, dtype=torch.float32) * (r + 1)
     hvd.allreduce_(t, name="ip", op=hvd.Max)
