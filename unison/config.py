@@ -160,6 +160,13 @@ KNOBS: tuple[Knob, ...] = (
         "messages up to this size are sent from the caller's thread",
     ),
     Knob(
+        "UNISON_SMALL_BYTES",
+        "small_bytes",
+        4096,
+        _size,
+        "world collectives up to this size on one host take the shared slot path; 0: off",
+    ),
+    Knob(
         "UNISON_LOG_LEVEL",
         "log_level",
         "WARNING",
@@ -275,6 +282,13 @@ KNOBS: tuple[Knob, ...] = (
         "unison.torch: fail stalled tensors on every rank after this many seconds; 0 = never "
         "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)",
     ),
+    # link model (unison.transport.calibrate): measured per host; these pin a value
+    Knob("UNISON_SHM_ALPHA", "shm_alpha", 0.0, _positive_float, "shm seconds per message"),
+    Knob("UNISON_SHM_BETA", "shm_beta", 0.0, _positive_float, "shm seconds per byte"),
+    Knob("UNISON_TCP_ALPHA", "tcp_alpha", 0.0, _positive_float, "tcp seconds per message"),
+    Knob("UNISON_TCP_BETA", "tcp_beta", 0.0, _positive_float, "tcp seconds per byte"),
+    Knob("UNISON_CALL_OVERHEAD", "call_overhead", 0.0, _positive_float, "seconds per call"),
+    Knob("UNISON_LINK_CACHE", "link_cache", "", str, "link-model cache dir; off: none"),
 )
 
 
@@ -287,6 +301,7 @@ class Config:
     transport: str = "auto"
     segment_bytes: int = 1 << 20
     inline_send_bytes: int = 1 << 16
+    small_bytes: int = 4096
     log_level: str = "WARNING"
     bind_addr: str = ""
     network_interface: str = ""
@@ -303,6 +318,12 @@ class Config:
     stall_check_disable: bool = False
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
+    shm_alpha: float = 0.0
+    shm_beta: float = 0.0
+    tcp_alpha: float = 0.0
+    tcp_beta: float = 0.0
+    call_overhead: float = 0.0
+    link_cache: str = ""
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

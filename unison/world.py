@@ -21,7 +21,7 @@ from .log import configure, set_rank
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .comm.communicator import Communicator
+    from .comm.group import Group
 
 __all__ = ["BACKENDS", "World", "current", "init", "is_initialized", "shutdown"]
 
@@ -36,9 +36,9 @@ class World(Protocol):
     cross_rank: int
     cross_size: int
     config: Config
-    world: Communicator
+    world: Group
 
-    def new_group(self, ranks: Sequence[int] | None) -> Communicator: ...
+    def new_group(self, ranks: Sequence[int] | None) -> Group: ...
     def report_failure(self, text: str) -> None: ...
     def close(self) -> None: ...
 

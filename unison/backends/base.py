@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..comm.group import Group, check_members
 from ..comm.work import Work
 from ..errors import (
     CollectiveTimeoutError,
     CommunicationError,
-    InvalidArgumentError,
     LaunchError,
     UnisonError,
     UnsupportedError,
@@ -26,7 +26,6 @@ from ..errors import (
 
 if TYPE_CHECKING:
     from ..comm.backend import Backend
-    from ..comm.communicator import Communicator
     from ..config import Config
 
 __all__ = ["BackendRuntime", "PollWork", "check_launch", "comm_error"]
@@ -158,48 +157,27 @@ class BackendRuntime:
         size: int,
         local: tuple[int, int, int, int],
     ) -> None:
-        from ..comm.communicator import Communicator
-
         self.backend = backend
         self.config = config
         self.rank = rank
         self.size = size
         self.local_rank, self.local_size, self.cross_rank, self.cross_size = local
-        self.op_hook: Callable[[Any, int, Any], None] | None = None
-        self.store = None
-        self.groups: dict[int, Communicator] = {}
-        self.stuck: dict[int, tuple[int, int, str]] = {}
         self._next_gid = 1
         self._lock = threading.Lock()
-        self.world = Communicator(self, 0, range(size))
-        self.groups[0] = self.world
+        self.world = Group(0, range(size), rank, config, backend)
 
-    def new_group(self, ranks: Sequence[int] | None) -> Communicator:
-        from ..comm.communicator import Communicator
-
-        members = list(range(self.size)) if ranks is None else [int(r) for r in ranks]
-        if not members or len(set(members)) != len(members):
-            raise InvalidArgumentError(
-                f"new_group: ranks must be distinct and non-empty, got {list(ranks or [])}"
-            )
-        bad = [r for r in members if not 0 <= r < self.size]
-        if bad:
-            raise InvalidArgumentError(f"new_group: ranks {bad} are outside 0..{self.size - 1}")
+    def new_group(self, ranks: Sequence[int] | None) -> Group:
+        members = check_members(ranks, self.size)
         with self._lock:
             gid = self._next_gid
             self._next_gid += 1
-        members.sort()
         self.backend.new_group(gid, members)
-        comm = Communicator(self, gid, members)
-        self.groups[gid] = comm
-        return comm
+        return Group(gid, members, self.rank, self.config, self.backend)
 
     def report_failure(self, text: str) -> None:
         """Failures are reported by the engine's own launcher (mpirun, torchrun)."""
 
     def close(self) -> None:
-        for comm in list(self.groups.values()):
-            comm.close()
         self.backend.close()
 
 

@@ -22,7 +22,7 @@ from ..errors import MismatchError, UnsupportedError
 from .base import BackendRuntime, PollWork, check_launch, comm_error
 
 if TYPE_CHECKING:
-    from ..comm.communicator import Communicator
+    from ..comm.group import Group
     from ..config import Config
 
 __all__ = ["MPIBackend", "open_runtime"]
@@ -86,7 +86,7 @@ class MPIBackend:
         hosts = list(dict.fromkeys(names))
         return w.Get_rank(), w.Get_size(), (*local, hosts.index(names[w.Get_rank()]), len(hosts))
 
-    def _c(self, comm: Communicator) -> Any:
+    def _c(self, comm: Group) -> Any:
         return self.comms[comm.id]
 
     def _op(self, op: ReduceOp, b: Buffer) -> Any:
@@ -96,7 +96,7 @@ class MPIBackend:
 
     def _run(
         self,
-        comm: Communicator,
+        comm: Group,
         what: str,
         start: Callable[[], list[Any]],
         done: Callable[[], Any] | None = None,
@@ -118,11 +118,11 @@ class MPIBackend:
         return work
 
     # --- collectives -----------------------------------------------------------------------
-    def broadcast(self, comm: Communicator, b: Buffer, root: int) -> Work:
+    def broadcast(self, comm: Group, b: Buffer, root: int) -> Work:
         c = self._c(comm)
         return self._run(comm, "broadcast", lambda: [c.Ibcast(_bytes(b.array), root)])
 
-    def all_reduce(self, comm: Communicator, b: Buffer, op: ReduceOp) -> Work:
+    def all_reduce(self, comm: Group, b: Buffer, op: ReduceOp) -> Work:
         c, mop = self._c(comm), self._op(op, b)
         done = None
         if op is ReduceOp.AVG:
@@ -134,7 +134,7 @@ class MPIBackend:
             done,
         )
 
-    def reduce(self, comm: Communicator, b: Buffer, root: int, op: ReduceOp) -> Work:
+    def reduce(self, comm: Group, b: Buffer, root: int, op: ReduceOp) -> Work:
         c, mop = self._c(comm), self._op(op, b)
         mine = comm.rank == root
 
@@ -148,9 +148,7 @@ class MPIBackend:
             done = lambda: finalize_average(b.array, b.dtype, comm.size)
         return self._run(comm, "reduce", start, done)
 
-    def all_gather(
-        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], result: Any
-    ) -> Work:
+    def all_gather(self, comm: Group, b: Buffer, outs: list[np.ndarray], result: Any) -> Work:
         c = self._c(comm)
         tmp = np.empty(b.nbytes * comm.size, np.uint8)
 
@@ -163,7 +161,7 @@ class MPIBackend:
 
     def gather(
         self,
-        comm: Communicator,
+        comm: Group,
         b: Buffer,
         outs: list[np.ndarray] | None,
         root: int,
@@ -180,7 +178,7 @@ class MPIBackend:
 
     def scatter(
         self,
-        comm: Communicator,
+        comm: Group,
         b: Buffer,
         ins: list[np.ndarray] | None,
         root: int,
@@ -191,7 +189,7 @@ class MPIBackend:
 
     def reduce_scatter(
         self,
-        comm: Communicator,
+        comm: Group,
         out: Buffer,
         ins: list[np.ndarray],
         op: ReduceOp,
@@ -210,7 +208,7 @@ class MPIBackend:
 
     def all_to_all(
         self,
-        comm: Communicator,
+        comm: Group,
         outs: list[np.ndarray],
         ins: list[np.ndarray],
         result: Any,
@@ -239,7 +237,7 @@ class MPIBackend:
             done,
         )
 
-    def barrier(self, comm: Communicator) -> Work:
+    def barrier(self, comm: Group) -> Work:
         c = self._c(comm)
         return self._run(comm, "barrier", lambda: [c.Ibarrier()])
 
@@ -249,7 +247,7 @@ class MPIBackend:
             raise UnsupportedError(f"the mpi backend's tags stop at {self.tag_ub}; got {tag}")
         return tag
 
-    def isend(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+    def isend(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         c, dest, t = self._c(comm), comm.ranks.index(peer), self._tag(tag)
         name = f"send to rank {peer} (tag {tag}, mpi)"
         try:
@@ -258,7 +256,7 @@ class MPIBackend:
             raise comm_error("mpi", name, exc) from exc
         return PollWork(name, req.Test, self.timeout, lambda e: comm_error("mpi", name, e))
 
-    def irecv(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+    def irecv(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         c, src, t = self._c(comm), comm.ranks.index(peer), self._tag(tag)
         name = f"recv from rank {peer} (tag {tag}, mpi)"
         status = self.MPI.Status()
@@ -271,10 +269,10 @@ class MPIBackend:
             got = status.Get_count(self.MPI.BYTE)
             if got != b.nbytes:
                 raise MismatchError(
-                    f"{name}: rank {peer} sent {got} bytes but rank {comm.rt.rank} expects "
+                    f"{name}: rank {peer} sent {got} bytes but rank {comm.global_rank} expects "
                     f"{b.nbytes}",
                     op=name,
-                    ranks=(peer, comm.rt.rank),
+                    ranks=(peer, comm.global_rank),
                 )
             return b.source
 
@@ -284,7 +282,7 @@ class MPIBackend:
                     f"{name}: the message from rank {peer} is larger than the "
                     f"{b.nbytes}-byte buffer",
                     op=name,
-                    ranks=(peer, comm.rt.rank),
+                    ranks=(peer, comm.global_rank),
                 )
             return comm_error("mpi", name, e)
 

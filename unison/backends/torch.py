@@ -29,7 +29,7 @@ from ..errors import MismatchError, UnsupportedError
 from .base import BackendRuntime, PollWork, check_launch, comm_error
 
 if TYPE_CHECKING:
-    from ..comm.communicator import Communicator
+    from ..comm.group import Group
     from ..config import Config
 
 __all__ = ["TorchBackend", "open_runtime"]
@@ -131,7 +131,7 @@ class TorchBackend:
         self._server = server
         return tstore, job.rank, job.size
 
-    def _g(self, comm: Communicator) -> Any:
+    def _g(self, comm: Group) -> Any:
         return self.groups[comm.id]
 
     def _t(self, arr: np.ndarray, dtype: DType) -> Any:
@@ -166,7 +166,7 @@ class TorchBackend:
 
     def _run(
         self,
-        comm: Communicator,
+        comm: Group,
         what: str,
         start: Callable[[], list[Any]],
         done: Callable[[], Any] | None = None,
@@ -229,11 +229,11 @@ class TorchBackend:
         return comm_error("torch", name, exc)
 
     # --- collectives -----------------------------------------------------------------------
-    def broadcast(self, comm: Communicator, b: Buffer, root: int) -> Work:
+    def broadcast(self, comm: Group, b: Buffer, root: int) -> Work:
         t, g, src = self._raw(b), self._g(comm), comm.ranks[root]
         return self._run(comm, "broadcast", lambda: [self.dist.broadcast(t, src, g, async_op=True)])
 
-    def _avg(self, comm: Communicator, b: Buffer, op: ReduceOp, t: Any) -> Callable[[], Any]:
+    def _avg(self, comm: Group, b: Buffer, op: ReduceOp, t: Any) -> Callable[[], Any]:
         def done() -> None:
             if op is ReduceOp.AVG:
                 if b.array.size == b.count and not (is_torch_tensor(b.source) and t.is_cuda):
@@ -245,7 +245,7 @@ class TorchBackend:
 
         return done
 
-    def all_reduce(self, comm: Communicator, b: Buffer, op: ReduceOp) -> Work:
+    def all_reduce(self, comm: Group, b: Buffer, op: ReduceOp) -> Work:
         t, g, rop = self._buf(b), self._g(comm), self._op(op, b)
         w = self._wide(t)
         avg = self._avg(comm, b, op, t)
@@ -262,7 +262,7 @@ class TorchBackend:
             done,
         )
 
-    def reduce(self, comm: Communicator, b: Buffer, root: int, op: ReduceOp) -> Work:
+    def reduce(self, comm: Group, b: Buffer, root: int, op: ReduceOp) -> Work:
         g, rop, dst = self._g(comm), self._op(op, b), comm.ranks[root]
         mine = comm.rank == root
         t = self._buf(b)
@@ -282,9 +282,7 @@ class TorchBackend:
             done,
         )
 
-    def all_gather(
-        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], result: Any
-    ) -> Work:
+    def all_gather(self, comm: Group, b: Buffer, outs: list[np.ndarray], result: Any) -> Work:
         g, t = self._g(comm), self._raw(b)
         ts = [self._t(o.view(np.uint8), DType.UINT8) for o in outs]
         return self._run(
@@ -296,7 +294,7 @@ class TorchBackend:
 
     def gather(
         self,
-        comm: Communicator,
+        comm: Group,
         b: Buffer,
         outs: list[np.ndarray] | None,
         root: int,
@@ -307,7 +305,7 @@ class TorchBackend:
 
     def scatter(
         self,
-        comm: Communicator,
+        comm: Group,
         b: Buffer,
         ins: list[np.ndarray] | None,
         root: int,
@@ -318,7 +316,7 @@ class TorchBackend:
 
     def reduce_scatter(
         self,
-        comm: Communicator,
+        comm: Group,
         out: Buffer,
         ins: list[np.ndarray],
         op: ReduceOp,
@@ -342,7 +340,7 @@ class TorchBackend:
 
     def all_to_all(
         self,
-        comm: Communicator,
+        comm: Group,
         outs: list[np.ndarray],
         ins: list[np.ndarray],
         result: Any,
@@ -370,19 +368,19 @@ class TorchBackend:
             done,
         )
 
-    def barrier(self, comm: Communicator) -> Work:
+    def barrier(self, comm: Group) -> Work:
         g = self._g(comm)
         return self._run(comm, "barrier", lambda: [self.dist.barrier(g, async_op=True)])
 
     # --- point-to-point ----------------------------------------------------------------------
-    def isend(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+    def isend(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         t = self._t(b.array.view(np.uint8), DType.UINT8)
         name = f"send to rank {peer} (tag {tag}, torch)"
         return self._run(
             comm, name, lambda: [self.dist.isend(t, peer, self._g(comm), tag)], p2p=True
         )
 
-    def irecv(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+    def irecv(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         t = self._t(b.array.view(np.uint8), DType.UINT8)
         name = f"recv from rank {peer} (tag {tag}, torch)"
         try:

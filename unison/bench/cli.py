@@ -53,6 +53,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default="", help="write every row and the run's context here")
     p.add_argument("--plot", default="", help="draw busbw and latency vs size (PNG)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per implementation")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure this host's link model (α, β, per-call overhead) and cache it",
+    )
     from ..launch.hosts import add_host_options
 
     add_host_options(p)  # -H/--hostfile/--rsh/--store-addr/--network-interface, as unison run
@@ -100,7 +105,13 @@ def run_impl(
             cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
             if os.geteuid() == 0:
                 cmd.insert(1, "--allow-run-as-root")
-            status = subprocess.run([*cmd, *worker, "0"], env=env, timeout=timeout).returncode
+            # the ranks' file store (else /tmp/unison-ompi-<job>) lives in our temp dir,
+            # which is removed however the run ends
+            env = {**env, "UNISON_STORE_PATH": os.path.join(tmp, "store")}
+            try:
+                status = subprocess.run([*cmd, *worker, "0"], env=env, timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                return [], f"{impl} timed out after {timeout:g} s"
         else:
             from ..launch.launcher import run_job
 
@@ -112,6 +123,8 @@ def run_impl(
                 job_timeout=timeout,
                 **(placement or {}),
             )
+        if status in (130, -2):  # the job was interrupted (Ctrl-C): stop the whole sweep
+            raise KeyboardInterrupt
         if status != 0 or not os.path.exists(out):
             return [], f"{impl} ranks exited with status {status}"
         import json
@@ -121,8 +134,34 @@ def run_impl(
 
 
 def main(args: argparse.Namespace) -> int:
+    """Run the sweep; bad arguments exit 2 with a usage line, Ctrl-C stops every run (130)."""
+    try:
+        return _main(args)
+    except InvalidArgumentError as exc:
+        print(f"unison bench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("unison bench: interrupted; the sweep stopped", file=sys.stderr)
+        return 130
+
+
+def _plot_ready() -> None:
+    """Fail before the sweep, not after it, when ``--plot`` cannot draw."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise InvalidArgumentError("--plot needs matplotlib (pip install matplotlib)")
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.plot:
+        _plot_ready()
+    if args.calibrate:
+        from ..transport.calibrate import main as calibrate
+
+        return calibrate(args)
     ops = OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
     bad = [o for o in ops if o not in OPS]
+    if args.iters < 0 or args.warmup < 0 or args.timeout <= 0:
+        raise InvalidArgumentError("--iters/--warmup must be >= 0 and --timeout > 0")
     if bad or args.np < 1:
         raise InvalidArgumentError(f"unknown operations {bad}" if bad else "-np must be >= 1")
     peers = [c.strip() for c in args.compare.split(",") if c.strip()]

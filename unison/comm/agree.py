@@ -26,18 +26,18 @@ from ..errors import AbortedError, CollectiveTimeoutError, CommunicationError, M
 from ..transport.framing import OpSig
 
 if TYPE_CHECKING:
-    from .communicator import Communicator
+    from .group import Group
 
 __all__ = ["agree", "guard"]
 
 
 def guard(
-    comm: Communicator, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
+    comm: Group, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
 ) -> None:
     """Raise if ``comm`` is broken; on engines that need it, agree on the signature.
 
     ``root`` is a global rank (-1: none)."""
-    broken = comm._broken
+    broken = comm.broken
     if broken is not None:
         raise AbortedError(
             f"{op.label} refused: group {comm.id} is unusable since an earlier failure: {broken}",
@@ -45,12 +45,12 @@ def guard(
             group=comm.id,
             ranks=getattr(broken, "ranks", ()),
         )
-    if comm.backend.checks_signatures or comm.size == 1 or not comm.rt.config.check_mismatch:
+    if comm.backend.checks_signatures or comm.size == 1 or not comm.config.check_mismatch:
         return
     agree(comm, OpSig(int(op), int(dtype), int(redop), int(root), int(count)))
 
 
-def agree(comm: Communicator, sig: OpSig) -> None:
+def agree(comm: Group, sig: OpSig) -> None:
     """Gather every member's ``sig`` over the group's engine; raise :class:`MismatchError`
     on every rank if they differ (each rank sees the same table)."""
     what = OpCode(sig.op).label

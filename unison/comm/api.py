@@ -19,7 +19,7 @@ from ..errors import InvalidArgumentError
 from ..world import current
 from . import collectives as _c
 from . import objects as _objects
-from .communicator import Communicator as Group
+from .group import Group
 from .work import Work
 
 __all__ = [
@@ -476,7 +476,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
 def broadcast_object_list(object_list: list[Any], src: int = 0, group: Group | None = None) -> None:
     """Replace ``object_list``'s items, on every rank, with those of rank ``src`` (in place)."""
     g = _g(group)
-    objs = _objects.broadcast_object(g, list(object_list) if g.rt.rank == src else None, src)
+    objs = _objects.broadcast_object(g, list(object_list) if g.global_rank == src else None, src)
     if len(objs) != len(object_list):
         raise InvalidArgumentError(
             f"broadcast_object_list: rank {src} sent {len(objs)} objects, this rank's list "

@@ -22,7 +22,7 @@ from ..buffers import Buffer
 from .work import Work
 
 if TYPE_CHECKING:
-    from .communicator import Communicator
+    from .group import Group
 
 __all__ = ["Backend"]
 
@@ -41,23 +41,21 @@ class Backend(Protocol):
     #: signatures ride in every frame); if not, the shared layer agrees first
     checks_signatures: bool
 
-    def broadcast(self, comm: Communicator, b: Buffer, root: int) -> Work:
+    def broadcast(self, comm: Group, b: Buffer, root: int) -> Work:
         """Copy group rank ``root``'s ``b`` into every rank's ``b``."""
 
-    def all_reduce(self, comm: Communicator, b: Buffer, op: ReduceOp) -> Work:
+    def all_reduce(self, comm: Group, b: Buffer, op: ReduceOp) -> Work:
         """Reduce ``b`` in place over the group."""
 
-    def reduce(self, comm: Communicator, b: Buffer, root: int, op: ReduceOp) -> Work:
+    def reduce(self, comm: Group, b: Buffer, root: int, op: ReduceOp) -> Work:
         """Reduce ``b`` into group rank ``root``'s ``b``; others stay unchanged."""
 
-    def all_gather(
-        self, comm: Communicator, b: Buffer, outs: list[np.ndarray], result: Any
-    ) -> Work:
+    def all_gather(self, comm: Group, b: Buffer, outs: list[np.ndarray], result: Any) -> Work:
         """``outs[i]`` gets group rank i's ``b`` on every rank."""
 
     def gather(
         self,
-        comm: Communicator,
+        comm: Group,
         b: Buffer,
         outs: list[np.ndarray] | None,
         root: int,
@@ -66,7 +64,7 @@ class Backend(Protocol):
 
     def scatter(
         self,
-        comm: Communicator,
+        comm: Group,
         b: Buffer,
         ins: list[np.ndarray] | None,
         root: int,
@@ -75,7 +73,7 @@ class Backend(Protocol):
 
     def reduce_scatter(
         self,
-        comm: Communicator,
+        comm: Group,
         out: Buffer,
         ins: list[np.ndarray],
         op: ReduceOp,
@@ -84,7 +82,7 @@ class Backend(Protocol):
 
     def all_to_all(
         self,
-        comm: Communicator,
+        comm: Group,
         outs: list[np.ndarray],
         ins: list[np.ndarray],
         result: Any,
@@ -92,13 +90,13 @@ class Backend(Protocol):
     ) -> Work:
         """``ins[j]`` goes to group rank j, which receives it into its ``outs[me]``."""
 
-    def barrier(self, comm: Communicator) -> Work:
+    def barrier(self, comm: Group) -> Work:
         """Return when every member has entered."""
 
-    def isend(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+    def isend(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         """Start sending ``b`` to global rank ``peer``."""
 
-    def irecv(self, comm: Communicator, b: Buffer, peer: int, tag: int) -> Work:
+    def irecv(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         """Start receiving from global rank ``peer`` into ``b``."""
 
     def new_group(self, gid: int, ranks: Sequence[int]) -> None:

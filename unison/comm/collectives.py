@@ -2,8 +2,8 @@
 
 Validation happens before anything is sent, on the caller's thread, and raises
 :class:`InvalidArgumentError`. The validated buffers then go to a
-:class:`unison.backends.Backend`: the native engine (algorithms chosen by cost, run in
-order by the communicator, :mod:`unison.backends.native`) or an external one
+:class:`~unison.comm.backend.Backend`: the native engine (algorithms chosen by cost, run
+in issue order by the group's executor, :mod:`unison.backends.native`) or an external one
 (``mpi``, ``torch``) when ``unison.init(backend=...)`` picked it. Signatures (op,
 dtype, count, reduce op, root) ride in every native frame so ranks that disagree
 get a :class:`MismatchError`.
@@ -21,7 +21,7 @@ from ..algorithms import OpCode
 from ..buffers import Buffer, as_buffer, check_op
 from ..errors import InvalidArgumentError
 from .agree import guard
-from .communicator import Communicator
+from .group import Group
 from .work import Work
 
 __all__ = [
@@ -49,7 +49,7 @@ def _op(op: Any) -> ReduceOp:
 
 
 def _list(
-    comm: Communicator, items: Any, what: str, ref: Buffer, *, writable: bool, equal: bool = True
+    comm: Group, items: Any, what: str, ref: Buffer, *, writable: bool, equal: bool = True
 ) -> list[Buffer]:
     if not isinstance(items, (list, tuple)):
         raise InvalidArgumentError(f"{what} must be a list of {comm.size} buffers")
@@ -85,61 +85,59 @@ def issue(work: Work, async_op: bool) -> Work | None:
     return None
 
 
-def _as(
-    comm: Communicator, obj: Any, what: str, *, writable: bool = True, device: bool = False
-) -> Buffer:
+def _as(comm: Group, obj: Any, what: str, *, writable: bool = True, device: bool = False) -> Buffer:
     """:func:`as_buffer`; ``device``: a whole-buffer operation that lets GPU tensors
     through when the group's engine moves device memory itself (torch/NCCL)."""
     ok = device and comm.backend.accepts_device_buffers
     return as_buffer(obj, what, writable=writable, device_ok=ok)
 
 
-def broadcast(comm: Communicator, buf: Any, src: int, async_op: bool) -> Work | None:
+def broadcast(comm: Group, buf: Any, src: int, async_op: bool) -> Work | None:
     comm.require_member("broadcast")
     b = _as(comm, buf, "broadcast buffer", device=True)
     root = comm.group_rank(src, "src")
-    if comm._broken is not None or not comm.backend.checks_signatures:
+    if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
     return issue(comm.backend.broadcast(comm, b, root), async_op)
 
 
-def all_reduce(comm: Communicator, buf: Any, op: Any, async_op: bool) -> Work | None:
+def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
     comm.require_member("all_reduce")
     b = _as(comm, buf, "all_reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
-    if comm._broken is not None or not comm.backend.checks_signatures:
+    if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_REDUCE, b.dtype, b.count, rop)
     return issue(comm.backend.all_reduce(comm, b, rop), async_op)
 
 
-def reduce(comm: Communicator, buf: Any, dst: int, op: Any, async_op: bool) -> Work | None:
+def reduce(comm: Group, buf: Any, dst: int, op: Any, async_op: bool) -> Work | None:
     comm.require_member("reduce")
     b = _as(comm, buf, "reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
     root = comm.group_rank(dst, "dst")
-    if comm._broken is not None or not comm.backend.checks_signatures:
+    if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.REDUCE, b.dtype, b.count, rop, comm.ranks[root])
     return issue(comm.backend.reduce(comm, b, root, rop), async_op)
 
 
 def _allgather_submit(
-    comm: Communicator, b: Buffer, blocks: list[np.ndarray], async_op: bool, result: Any
+    comm: Group, b: Buffer, blocks: list[np.ndarray], async_op: bool, result: Any
 ) -> Work | None:
-    if comm._broken is not None or not comm.backend.checks_signatures:
+    if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_GATHER, b.dtype, b.count)
     return issue(comm.backend.all_gather(comm, b, blocks, result), async_op)
 
 
-def all_gather(comm: Communicator, out_list: Any, buf: Any, async_op: bool) -> Work | None:
+def all_gather(comm: Group, out_list: Any, buf: Any, async_op: bool) -> Work | None:
     comm.require_member("all_gather")
     b = _as(comm, buf, "all_gather buffer", writable=False)
     outs = _list(comm, out_list, "all_gather output list", b, writable=True)
     return _allgather_submit(comm, b, [o.array for o in outs], async_op, out_list)
 
 
-def all_gather_into_tensor(comm: Communicator, out: Any, buf: Any, async_op: bool) -> Work | None:
+def all_gather_into_tensor(comm: Group, out: Any, buf: Any, async_op: bool) -> Work | None:
     comm.require_member("all_gather_into_tensor")
     b = _as(comm, buf, "all_gather input", writable=False)
     o = _as(comm, out, "all_gather output")
@@ -152,7 +150,7 @@ def all_gather_into_tensor(comm: Communicator, out: Any, buf: Any, async_op: boo
 
 
 def _rooted_list(
-    comm: Communicator, items: Any, what: str, ref: Buffer, is_root: bool, *, writable: bool
+    comm: Group, items: Any, what: str, ref: Buffer, is_root: bool, *, writable: bool
 ) -> list[Buffer] | None:
     if is_root:
         if items is None:
@@ -163,43 +161,39 @@ def _rooted_list(
     return None
 
 
-def gather(comm: Communicator, buf: Any, gather_list: Any, dst: int, async_op: bool) -> Work | None:
+def gather(comm: Group, buf: Any, gather_list: Any, dst: int, async_op: bool) -> Work | None:
     me = comm.require_member("gather")
     b = _as(comm, buf, "gather buffer", writable=False)
     root = comm.group_rank(dst, "dst")
     outs = _rooted_list(comm, gather_list, "gather_list", b, me == root, writable=True)
     blocks = None if outs is None else [o.array for o in outs]
-    if comm._broken is not None or not comm.backend.checks_signatures:
+    if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.GATHER, b.dtype, b.count, root=comm.ranks[root])
     return issue(comm.backend.gather(comm, b, blocks, root), async_op)
 
 
-def scatter(
-    comm: Communicator, buf: Any, scatter_list: Any, src: int, async_op: bool
-) -> Work | None:
+def scatter(comm: Group, buf: Any, scatter_list: Any, src: int, async_op: bool) -> Work | None:
     me = comm.require_member("scatter")
     b = _as(comm, buf, "scatter buffer")
     root = comm.group_rank(src, "src")
     ins = _rooted_list(comm, scatter_list, "scatter_list", b, me == root, writable=False)
     blocks = None if ins is None else [i.array for i in ins]
-    if comm._broken is not None or not comm.backend.checks_signatures:
+    if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.SCATTER, b.dtype, b.count, root=comm.ranks[root])
     return issue(comm.backend.scatter(comm, b, blocks, root), async_op)
 
 
 def _reduce_scatter_submit(
-    comm: Communicator, o: Buffer, blocks: list[np.ndarray], op: Any, async_op: bool
+    comm: Group, o: Buffer, blocks: list[np.ndarray], op: Any, async_op: bool
 ) -> Work | None:
     rop = _op(op)
     check_op(rop, o.dtype)
-    if comm._broken is not None or not comm.backend.checks_signatures:
+    if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.REDUCE_SCATTER, o.dtype, o.count, rop)
     return issue(comm.backend.reduce_scatter(comm, o, blocks, rop), async_op)
 
 
-def reduce_scatter(
-    comm: Communicator, out: Any, in_list: Any, op: Any, async_op: bool
-) -> Work | None:
+def reduce_scatter(comm: Group, out: Any, in_list: Any, op: Any, async_op: bool) -> Work | None:
     comm.require_member("reduce_scatter")
     o = _as(comm, out, "reduce_scatter output")
     check_op(_op(op), o.dtype)
@@ -208,7 +202,7 @@ def reduce_scatter(
 
 
 def reduce_scatter_tensor(
-    comm: Communicator, out: Any, inbuf: Any, op: Any, async_op: bool
+    comm: Group, out: Any, inbuf: Any, op: Any, async_op: bool
 ) -> Work | None:
     comm.require_member("reduce_scatter_tensor")
     o = _as(comm, out, "reduce_scatter output")
@@ -223,19 +217,19 @@ def reduce_scatter_tensor(
 
 
 def _alltoall_submit(
-    comm: Communicator,
+    comm: Group,
     outs: list[np.ndarray],
     ins: list[np.ndarray],
     ref: Buffer,
     async_op: bool,
     result: Any,
 ) -> Work | None:
-    if comm._broken is not None or not comm.backend.checks_signatures:
+    if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_TO_ALL, ref.dtype)
     return issue(comm.backend.all_to_all(comm, outs, ins, result, ref), async_op)
 
 
-def all_to_all(comm: Communicator, out_list: Any, in_list: Any, async_op: bool) -> Work | None:
+def all_to_all(comm: Group, out_list: Any, in_list: Any, async_op: bool) -> Work | None:
     comm.require_member("all_to_all")
     if not isinstance(in_list, (list, tuple)) or not in_list:
         raise InvalidArgumentError(f"all_to_all input list must hold {comm.size} buffers")
@@ -271,7 +265,7 @@ def _splits(b: Buffer, sizes: Sequence[int] | None, parts: int, what: str) -> li
 
 
 def all_to_all_single(
-    comm: Communicator,
+    comm: Group,
     out: Any,
     inbuf: Any,
     output_split_sizes: Sequence[int] | None,
@@ -290,8 +284,8 @@ def all_to_all_single(
     return _alltoall_submit(comm, outs, ins, i, async_op, out)
 
 
-def barrier(comm: Communicator, async_op: bool) -> Work | None:
+def barrier(comm: Group, async_op: bool) -> Work | None:
     comm.require_member("barrier")
-    if comm._broken is not None or not comm.backend.checks_signatures:
+    if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.BARRIER)
     return issue(comm.backend.barrier(comm), async_op)

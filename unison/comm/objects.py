@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from . import collectives as c
-from .communicator import Communicator
+from .group import Group
 
 __all__ = ["all_gather_object", "broadcast_object", "gather_object", "scatter_object"]
 
@@ -27,7 +27,7 @@ def _load(arr: np.ndarray) -> Any:
     return pickle.loads(arr.tobytes())
 
 
-def broadcast_object(comm: Communicator, obj: Any, src: int) -> Any:
+def broadcast_object(comm: Group, obj: Any, src: int) -> Any:
     me = comm.require_member("broadcast_object")
     root = comm.group_rank(src, "src")
     data = _dump(obj) if me == root else np.empty(0, np.uint8)
@@ -39,7 +39,7 @@ def broadcast_object(comm: Communicator, obj: Any, src: int) -> Any:
     return obj if me == root else _load(data)
 
 
-def _padded_allgather(comm: Communicator, data: np.ndarray) -> list[np.ndarray]:
+def _padded_allgather(comm: Group, data: np.ndarray) -> list[np.ndarray]:
     lengths = np.empty(comm.size, np.int64)
     c.all_gather_into_tensor(comm, lengths, np.array([data.size], np.int64), False)
     width = int(lengths.max())
@@ -50,19 +50,19 @@ def _padded_allgather(comm: Communicator, data: np.ndarray) -> list[np.ndarray]:
     return [out[i * width : i * width + int(lengths[i])] for i in range(comm.size)]
 
 
-def all_gather_object(comm: Communicator, obj: Any) -> list[Any]:
+def all_gather_object(comm: Group, obj: Any) -> list[Any]:
     comm.require_member("all_gather_object")
     return [_load(x) for x in _padded_allgather(comm, _dump(obj))]
 
 
-def gather_object(comm: Communicator, obj: Any, dst: int) -> list[Any] | None:
+def gather_object(comm: Group, obj: Any, dst: int) -> list[Any] | None:
     me = comm.require_member("gather_object")
     root = comm.group_rank(dst, "dst")
     parts = _padded_allgather(comm, _dump(obj))
     return [_load(x) for x in parts] if me == root else None
 
 
-def scatter_object(comm: Communicator, objs: Sequence[Any] | None, src: int) -> Any:
+def scatter_object(comm: Group, objs: Sequence[Any] | None, src: int) -> Any:
     me = comm.require_member("scatter_object")
     root = comm.group_rank(src, "src")
     lengths = np.empty(comm.size, np.int64)

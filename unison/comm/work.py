@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CollectiveTimeoutError, CommunicationError
-from ..transport.request import Request
+from ..errors import CollectiveTimeoutError
 
 __all__ = ["Work"]
 
@@ -107,60 +105,3 @@ class Work:
     def __repr__(self) -> str:
         state = "pending" if not self.is_completed() else ("failed" if self._error else "done")
         return f"<Work {self.name} {state}>"
-
-
-class RequestWork(Work):
-    """A point-to-point operation: one transport request plus its deadline."""
-
-    def __init__(
-        self,
-        name: str,
-        req: Request,
-        deadline: float,
-        timeout: float,
-        translate: Any,
-        result: Any = None,
-        cancel: Any = None,
-    ) -> None:
-        super().__init__(name)
-        self._cancel = cancel  # withdraws a posted receive that timed out
-        self._req = req
-        self._deadline = deadline
-        self._timeout = timeout
-        self._translate = translate
-        self._result = result
-        self._lock = threading.Lock()
-
-    def _wait_done(self, timeout: float | None) -> bool:
-        if self._done:
-            return True
-        left = self._deadline - time.monotonic()
-        limit = left if timeout is None else min(timeout, left)
-        try:
-            done = self._req.wait(max(limit, 0.0))
-        except CommunicationError as exc:
-            with self._lock:
-                if not self._done:
-                    self._finish(self._result, self._translate(exc))
-            return True
-        if done:
-            with self._lock:
-                if not self._done:
-                    self._finish(self._result)
-            return True
-        if time.monotonic() >= self._deadline:
-            if self._cancel is not None:
-                self._cancel(self._req)  # a later message must not land in this buffer
-            with self._lock:
-                if not self._done:
-                    self._finish(
-                        self._result,
-                        CollectiveTimeoutError(
-                            f"{self.name} timed out after {self._timeout:g}s; "
-                            f"not heard from rank {self._req.peer}",
-                            op=self.name,
-                            ranks=(self._req.peer,),
-                        ),
-                    )
-            return True
-        return False

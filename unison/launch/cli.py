@@ -14,6 +14,7 @@ import os
 import sys
 
 from .._version import __version__
+from ..errors import InvalidArgumentError
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status: int = module.main(args)
         sys.stdout.flush()
+    except InvalidArgumentError as exc:  # bad arguments: a usage error, not a traceback
+        print(f"unison {args.subcommand}: error: {exc}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `unison info | head -1`: the reader left, not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

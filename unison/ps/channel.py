@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..comm.communicator import Communicator
+from ..comm.group import Group
 from ..comm.work import Work
 from ..errors import CollectiveTimeoutError, CommunicationError, MismatchError, PeerLostError
 from .wire import (
@@ -75,11 +75,11 @@ class Joined(Work):
 
 
 class Channel:
-    def __init__(self, comm: Communicator, server: int, index: int) -> None:
+    def __init__(self, comm: Group, server: int, index: int) -> None:
         self.comm = comm
         self.server = server
         self.index = index
-        self.timeout = comm.rt.config.timeout
+        self.timeout = comm.config.timeout
         self._send_lock = threading.Lock()
         self._cv = threading.Condition()
         self._pending: dict[int, Call] = {}

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..buffers import from_numpy
-from ..comm.communicator import Communicator
+from ..comm.group import Group
 from ..comm.work import Work
 from ..errors import (
     CollectiveTimeoutError,
@@ -88,14 +88,14 @@ def _array_for(spec: Any) -> np.ndarray | None:
 class Server:
     def __init__(
         self,
-        comm: Communicator,
+        comm: Group,
         index: int,
         workers: list[int],
         policy: Consistency,
         timeout: float,
     ) -> None:
         self.comm = comm
-        self.rank = comm.rt.rank
+        self.rank = comm.global_rank
         self.timeout = timeout
         self.state = ServerState(index, self.rank, workers, policy, park_timeout=0.8 * timeout)
         self.inbox: queue.Queue[Request | _Lost] = queue.Queue()

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..buffers import DType, as_buffer
-from ..comm.communicator import Communicator
+from ..comm.group import Group
 from ..comm.work import Work
 from ..errors import InvalidArgumentError
 from . import checkpoint
@@ -53,7 +53,7 @@ class KVStore:
 
     def __init__(
         self,
-        comm: Communicator,
+        comm: Group,
         workers: Sequence[int],
         servers: Sequence[int],
         consistency: Consistency,
@@ -63,7 +63,7 @@ class KVStore:
         self.workers = tuple(workers)
         self.servers = tuple(servers)
         #: this worker's index among the workers (0 .. num_workers - 1)
-        self.rank = self.workers.index(comm.rt.rank)
+        self.rank = self.workers.index(comm.global_rank)
         self.num_workers = len(self.workers)
         self.num_servers = len(self.servers)
         self.consistency = consistency

@@ -41,6 +41,7 @@ from .matching import Matcher, Unexpected
 from .request import Request
 from .shm_ring import Ring
 from .shm_segment import Segment
+from .wait_policy import WaitPolicy
 
 __all__ = ["ShmRequest", "ShmTransport"]
 
@@ -150,9 +151,7 @@ class ShmTransport(MatchingTransport):
         self._kick = False
         self._last_active = time.monotonic()
         self._closing = False
-        oversubscribed = local_size > _cores()
-        self.spin_s = 2e-6 if oversubscribed else 50e-6
-        self.yield_s = 200e-6 if oversubscribed else 1e-3
+        self.wait_policy = WaitPolicy(oversubscribed=local_size > _cores())
         self._thread: threading.Thread | None = None
         #: rewrites each outgoing header (fault injection in tests); None normally
         self.send_hook: Callable[[int, bytes], bytes] | None = None
@@ -342,24 +341,34 @@ class ShmTransport(MatchingTransport):
 
     def wait_for(self, req: ShmRequest, timeout: float | None) -> bool:
         """Spin, then yield, then block until ``req`` is done; False on timeout."""
-        now = time.monotonic()
+        policy = self.wait_policy
+        start = now = time.monotonic()
         deadline = now + (timeout if timeout is not None else 1e9)
-        spin_end = now + self.spin_s
-        yield_end = spin_end + self.yield_s
+        spin_s, yield_s = policy.spin_s, policy.yield_s
+        spin_end = now + spin_s
+        yield_end = spin_end + yield_s
         with self._cv:
             self._spinners += 1
         spinning = True
         try:
+            ins = self._in_list
             while not req.done():
-                moved = self._progress_now(blocking=False)
+                # take the lock only when a queue or a ring has something to move
+                work = bool(self._busy)
+                if not work:
+                    for ib in ins:
+                        if ib.ring.available():
+                            work = True
+                            break
+                moved = self._progress_now(blocking=False) if work else False
                 if req.done():
                     break
                 now = time.monotonic()
                 if now >= deadline:
                     return False
                 if moved:
-                    spin_end = now + self.spin_s
-                    yield_end = spin_end + self.yield_s
+                    spin_end = now + spin_s
+                    yield_end = spin_end + yield_s
                 elif now < spin_end:
                     continue
                 elif now < yield_end:
@@ -373,10 +382,12 @@ class ShmTransport(MatchingTransport):
                             self._cv.notify_all()
                     req.wait_event(deadline - now)
         finally:
+            end = time.monotonic()
             with self._cv:
                 if spinning:
                     self._spinners -= 1
-                self._last_active = time.monotonic()
+                self._last_active = end
+        policy.observe(end - start, blocked=not spinning)
         return True
 
     def _background(self) -> None:

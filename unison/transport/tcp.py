@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -273,6 +273,14 @@ class TcpTransport(MatchingTransport):
         return True
 
     # --- failure and shutdown -------------------------------------------------------
+    def gone(self, peers: Sequence[int]) -> PeerLostError | None:
+        """The error of the first of ``peers`` whose connection has closed, or None."""
+        for p in peers:
+            conn = self.conns.get(p)
+            if conn is not None and conn.dead is not None:
+                return self._lost_error(conn)
+        return None
+
     def _lost_error(self, conn: _Conn, detail: str | None = None) -> PeerLostError:
         if conn.goodbye:
             msg = f"rank {conn.peer} has shut down"

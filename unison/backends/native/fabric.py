@@ -29,13 +29,14 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from ...algorithms import shm_arena
 from ...algorithms.shm_arena import Arena
 from ...config import ENV_JOB_ID, Config
-from ...errors import CollectiveTimeoutError, UnsupportedError
+from ...errors import CollectiveTimeoutError, PeerLostError, UnsupportedError
 from ...link import Link, shared_link, transport_link, two_level
 from ...log import get_logger
 from ...transport import cma
@@ -43,6 +44,7 @@ from ...transport.base import Events, Key, PeerInfo, Transport
 from ...transport.framing import Kind, OpSig
 from ...transport.matching import ANY_SOURCE
 from ...transport.request import Request
+from ...transport.seqslot import SeqSlots, region_bytes
 from ...transport.shm import ShmRequest, ShmTransport
 from ...transport.shm_ring import Ring
 from ...transport.shm_segment import Segment, plan
@@ -74,6 +76,9 @@ class Fabric:
         self._shared_job = False
         self._segs: list[Segment] = []
         self._slots: dict[int, memoryview] = {}
+        self._small: dict[int, memoryview] = {}  # rank -> its small-message slot region
+        #: the world's small-message slots (every rank on this host, shared memory)
+        self.seqslots: SeqSlots | None = None
         self.host_of: dict[int, str] = {}  # rank -> host identity (hierarchical algorithms)
         self._two_level: Link | None = None
         self._token = np.frombuffer(secrets.token_bytes(16), np.uint8).copy()
@@ -144,7 +149,10 @@ class Fabric:
     def _setup_shm(self, local: list[int], deadline: float, want: bool, forced: bool) -> set[int]:
         seg: Segment | None = None
         slot_bytes = shm_arena.SLOT_BYTES  # read at set-up: tests shrink it
-        layout = plan(local, RING_BYTES, slot_bytes)
+        small = self.config.small_bytes
+        small_off = (slot_bytes + 63) // 64 * 64  # after the arena's slot
+        small_len = region_bytes(small) if small > 0 else 0
+        layout = plan(local, RING_BYTES, small_off + small_len)
         if want:
             try:
                 seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size)
@@ -161,6 +169,7 @@ class Fabric:
                     size=layout.size,
                     ring=layout.rings,
                     slot=layout.slot_offset,
+                    small=small_len,
                     token=self._token.tobytes().hex(),
                     token_addr=self._token.ctypes.data,
                 )
@@ -204,6 +213,11 @@ class Fabric:
         for p in shared:
             slots[p] = mapped[p].view(int(str(theirs[p]["slot"])), slot_bytes)
         self._slots = slots
+        if small_len and all(int(str(theirs[p].get("small", 0))) == small_len for p in shared):
+            self._small = {self.rank: seg.view(layout.slot_offset + small_off, small_len)}
+            for p in shared:
+                off = int(str(theirs[p]["slot"])) + small_off
+                self._small[p] = mapped[p].view(off, small_len)
         return shared
 
     def _agree(self, peers: list[int], mine: bool, deadline: float) -> None:
@@ -211,7 +225,15 @@ class Fabric:
         told = self._exchange(peers, _SUMMARY, {p: {"shm": mine} for p in peers}, deadline)
         self._shared_job = mine and all(bool(told[p].get("shm")) for p in peers)
         if self._shared_job:
+            # one host, one cache file: every rank installs the same measured link
+            from ...transport.calibrate import install
+
+            install()
             self.arena = Arena(self.rank, self._slots, len(self._slots[self.rank]))
+            small = self.config.small_bytes
+            if small > 0 and len(self._small) == len(peers) + 1:
+                regions = [self._small[r] for r in range(len(peers) + 1)]
+                self.seqslots = SeqSlots(self.rank, regions, small)
         if log.isEnabledFor(10):  # DEBUG: the choice table every rank computes alike
             from ...algorithms.select import table
 
@@ -264,6 +286,10 @@ class Fabric:
 
     def send_control(self, peer: int, ctl: int, payload: bytes) -> None:
         self.tcp.send_control(peer, ctl, payload)
+
+    def gone(self, peers: Sequence[int]) -> PeerLostError | None:
+        """Why one of ``peers`` can no longer take part (its connection closed), or None."""
+        return self.tcp.gone(peers)
 
     def forget(self, group: int, seq: int) -> None:
         for t in self.transports:

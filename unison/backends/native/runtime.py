@@ -14,8 +14,7 @@ from typing import Any
 
 from ...algorithms import Choice, Topology, choose
 from ...bootstrap import advertise_address, connect_mesh
-from ...comm.backend import Backend
-from ...comm.communicator import Communicator
+from ...comm.group import Group, check_members
 from ...config import Config
 from ...errors import (
     AbortedError,
@@ -29,6 +28,8 @@ from ...log import get_logger
 from ...store import FileStore, Store, TCPStore, TCPStoreServer
 from ...transport.base import Events, Key, PeerInfo
 from ...transport.framing import OpSig
+from .backend import NativeBackend
+from .executor import Executor
 from .fabric import Fabric
 
 __all__ = ["Runtime"]
@@ -48,8 +49,10 @@ def _layout(infos: dict[int, PeerInfo], rank: int) -> tuple[int, int, int, int]:
 
 
 class Runtime:
-    def __init__(self, job: JobInfo, config: Config, backend: Backend) -> None:
-        self.backend = backend
+    """The job on unison's own engine: its identity, store, fabric and groups."""
+
+    def __init__(self, job: JobInfo, config: Config) -> None:
+        self.backend = NativeBackend(self)
         self.job = job
         self.config = config
         self.rank = job.rank
@@ -60,13 +63,17 @@ class Runtime:
         self.fabric = Fabric(job.rank, events, config)
         self.link = self.fabric.link()
         self.overrides = config.algo_overrides()
-        self.groups: dict[int, Communicator] = {}
+        #: every group's executor, by group id (members and non-members alike)
+        self.executors: dict[int, Executor] = {}
         #: what a rank said it was blocked in when it timed out: rank -> (group, seq, text)
         self.stuck: dict[int, tuple[int, int, str]] = {}
         #: called before every collective (fault injection in tests); None normally
-        self.op_hook: Callable[[Communicator, int, Any], None] | None = None
+        self.op_hook: Callable[[Group, int, Any], None] | None = None
         self._next_gid = 1
         self._lock = threading.Lock()
+        #: aborts that named a group this rank has not registered yet (a faster peer
+        #: failed and said so before this rank finished start-up): gid -> (peer, info)
+        self._parked: dict[int, list[tuple[int, dict[str, Any]]]] = {}
         self.infos: dict[int, PeerInfo] = {}
         self.local_rank, self.local_size, self.cross_rank, self.cross_size = 0, 1, 0, 1
         self.epoch = 0
@@ -103,9 +110,7 @@ class Runtime:
             from ...testing.faults import install
 
             install(self, cfg.faults)
-        self.world = Communicator(self, 0, range(self.size))
-        self.world.topo = self._topology(self.world.ranks, world=True)
-        self.groups[0] = self.world
+        self.world = self.group(0, range(self.size))
 
     def _open_store(self) -> Store:
         job, cfg = self.job, self.config
@@ -132,9 +137,9 @@ class Runtime:
     def forget(self, group: int, seq: int) -> None:
         self.fabric.forget(group, seq)
 
-    def choose(self, coll: str, p: int, nbytes: int, group: Communicator | None = None) -> Choice:
+    def choose(self, coll: str, p: int, nbytes: int, group: Group | None = None) -> Choice:
         """The algorithm for ``coll`` on ``group`` (default: the world) of ``p`` ranks."""
-        topo = (self.world if group is None else group).topo
+        topo = self.executors[0 if group is None else group.id].topo
         return choose(coll, p, nbytes, topo, self.overrides)
 
     def _topology(self, ranks: Sequence[int], world: bool) -> Topology:
@@ -148,22 +153,28 @@ class Runtime:
         return Topology(self.link, shared=arena is not None, arena=arena, hosts=hosts)
 
     # --- groups -------------------------------------------------------------------------------
-    def new_group(self, ranks: Sequence[int] | None) -> Communicator:
-        members = list(range(self.size)) if ranks is None else [int(r) for r in ranks]
-        if not members or len(set(members)) != len(members):
-            raise InvalidArgumentError(
-                f"new_group: ranks must be distinct and non-empty, got {list(ranks or [])}"
-            )
-        bad = [r for r in members if not 0 <= r < self.size]
-        if bad:
-            raise InvalidArgumentError(f"new_group: ranks {bad} are outside 0..{self.size - 1}")
+    def new_group(self, ranks: Sequence[int] | None) -> Group:
+        members = check_members(ranks, self.size)
         with self._lock:
             gid = self._next_gid
             self._next_gid += 1
-            comm = Communicator(self, gid, sorted(members))
-            comm.topo = self._topology(comm.ranks, world=False)
-            self.groups[gid] = comm
-        return comm
+        return self.group(gid, members)
+
+    def group(self, gid: int, members: Sequence[int]) -> Group:
+        """The group ``gid`` of global ``members`` (sorted), made with its executor on
+        first use; every rank that uses it passes the same id and members."""
+        with self._lock:
+            ex = self.executors.get(gid)
+            if ex is not None:
+                return ex.group
+            g = Group(gid, members, self.rank, self.config, self.backend)
+            ex = Executor(self, g, self._topology(g.ranks, world=gid == 0))
+            # reachable by transport events from now on; deliver aborts that came early
+            self.executors[gid] = ex
+            parked = self._parked.pop(gid, [])
+        for peer, info in parked:
+            self._on_abort(peer, info)
+        return g
 
     # --- events from the transport's threads ----------------------------------------------------
     def _on_peer_lost(self, peer: int, reason: str, graceful: bool) -> None:
@@ -172,14 +183,14 @@ class Runtime:
             # still posted for it have already failed in the transport; nothing else did.
             return
         what = f"was lost ({reason})"
-        for comm in list(self.groups.values()):
-            if peer in comm.ranks and comm.rank is not None:
-                comm.peer_lost(PeerLostError(f"rank {peer} {what}", ranks=(peer,), group=comm.id))
+        for ex in list(self.executors.values()):
+            if peer in ex.ranks and ex.group.rank is not None:
+                ex.peer_lost(PeerLostError(f"rank {peer} {what}", ranks=(peer,), group=ex.id))
 
     def _on_unexpected(self, peer: int, key: Key, sig: OpSig) -> None:
-        comm = self.groups.get(key[1])
-        if comm is not None:
-            comm.foreign_frame(key[2], peer, sig)
+        ex = self.executors.get(key[1])
+        if ex is not None:
+            ex.foreign_frame(key[2], peer, sig)
 
     def _on_abort(self, peer: int, info: dict[str, Any]) -> None:
         try:
@@ -188,13 +199,15 @@ class Runtime:
             origin = int(str(info.get("origin", peer)))
         except (TypeError, ValueError):
             return
-        comm = self.groups.get(gid)
-        if comm is None:
-            return
+        with self._lock:
+            ex = self.executors.get(gid)
+            if ex is None:  # not registered yet: deliver when it is
+                self._parked.setdefault(gid, []).append((peer, info))
+                return
         if info.get("kind") == "timeout-notice":
             self.stuck[origin] = (gid, seq, str(info.get("doing", "?")))
             waiting = info.get("waiting")
-            comm.timeout_notice(seq, origin, list(waiting) if isinstance(waiting, list) else [])
+            ex.timeout_notice(seq, origin, list(waiting) if isinstance(waiting, list) else [])
             return
         text = str(info.get("message", "unknown failure"))
         exc: CommunicationError
@@ -208,7 +221,7 @@ class Runtime:
                 remote=True,
             )
         exc.abort_payload = json.dumps(info).encode()
-        comm.remote_abort(seq, exc)
+        ex.remote_abort(seq, exc)
 
     # --- failure report and shutdown --------------------------------------------------------------
     def report_failure(self, text: str) -> None:
@@ -219,8 +232,8 @@ class Runtime:
                 pass
 
     def close(self) -> None:
-        for comm in list(self.groups.values()):
-            comm.close()
+        for ex in list(self.executors.values()):
+            ex.close()
         self.fabric.close()
         if self.store is not None:
             try:

@@ -31,7 +31,7 @@ _COUNTS: dict[int, itertools.count[int]] = {}
 
 def _seconds(pg: UnisonProcessGroup, timeout: Any) -> float:
     if timeout is None:
-        return float(pg._comm.rt.config.timeout)
+        return float(pg._comm.config.timeout)
     if isinstance(timeout, timedelta):
         return timeout.total_seconds()
     return float(timeout)
@@ -52,7 +52,7 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     comm = pg._comm
     count = _COUNTS.setdefault(id(comm), itertools.count())
     tag = _TAG_BASE + (next(count) % 0x0FFFFFFF)
-    me, root = comm.rt.rank, pg._ranks[0]
+    me, root = comm.global_rank, pg._ranks[0]
     ms = int(secs * 1000)
     if me != root:
         out = torch.zeros(1, dtype=torch.uint8)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..._types import ReduceOp
 from ...comm import collectives as _c
-from ...comm.communicator import Communicator
+from ...comm.group import Group
 from ...comm.work import Work as UWork
 from ...errors import InvalidArgumentError, UnsupportedError
 from ._work import UnisonWork, translate
@@ -103,7 +103,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         rank: int,
         size: int,
         timeout: timedelta,
-        comm: Communicator,
+        comm: Group,
         default: bool,
     ) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]
@@ -140,7 +140,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         return self._ranks[int(group_rank)]
 
     def _label(self, name: str) -> str:
-        return f"{name} on rank {self._comm.rt.rank}"
+        return f"{name} on rank {self._comm.global_rank}"
 
     def _work(
         self,

@@ -1,4 +1,4 @@
-"""Joining unison from torch's backend constructor, and one Communicator per torch group."""
+"""Joining unison from torch's backend constructor, and one unison Group per torch group."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from datetime import timedelta
 from typing import Any
 
 from ... import world as _w
-from ...backends.native import NATIVE
 from ...backends.native import runtime as _rt
-from ...comm.communicator import Communicator
-from ...config import load_config
+from ...comm.group import Group
+from ...config import Config, load_config
 from ...errors import InvalidArgumentError
 from ...jobenv import JobInfo
 from ...log import configure, set_rank
@@ -30,8 +29,8 @@ OWNED = {"runtime": False}
 class _TorchRuntime(_rt.Runtime):
     """A unison runtime whose rendezvous store is the one torch connected."""
 
-    def __init__(self, job: JobInfo, store: Store, config: object) -> None:
-        super().__init__(job, config, NATIVE)  # type: ignore[arg-type]
+    def __init__(self, job: JobInfo, store: Store, config: Config) -> None:
+        super().__init__(job, config)
         self._torch_store = store
 
     def _open_store(self) -> Store:
@@ -104,10 +103,8 @@ def leave() -> None:
             _w.shutdown()
 
 
-def communicator(
-    rt: _rt.Runtime, group_name: str, ranks: Sequence[int], default: bool
-) -> Communicator:
-    """The unison Communicator of the torch group ``group_name`` over global ``ranks``.
+def communicator(rt: _rt.Runtime, group_name: str, ranks: Sequence[int], default: bool) -> Group:
+    """The unison Group of the torch group ``group_name`` over global ``ranks``.
 
     torch creates a backend only on the group's members, so the group id cannot
     come from unison's own collective ``new_group`` counter: it is derived from
@@ -117,9 +114,4 @@ def communicator(
     if default:
         return rt.world
     gid = 0x40000000 | (zlib.crc32(f"{group_name}/{members}".encode()) & 0x3FFFFFFF)
-    with rt._lock:
-        comm = rt.groups.get(gid)
-        if comm is None:
-            comm = Communicator(rt, gid, members)
-            rt.groups[gid] = comm
-        return comm
+    return rt.group(gid, members)

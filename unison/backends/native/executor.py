@@ -1,10 +1,12 @@
-"""A communicator: one group of ranks, its ordered queue, failure routing and p2p.
+"""The native engine's side of one group: numbering, ordered execution, failure routing.
 
-The collectives themselves (validation and algorithm calls) are in
-:mod:`unison.comm.collectives`; this module runs them: it numbers each call,
-builds its :class:`OpContext`, and when one fails on any rank it makes the
-failure reach every member promptly (an ABORT control frame), after which the
-group refuses further collectives instead of hanging or returning garbage.
+:class:`Executor` runs the operations the native backend submits for a
+:class:`~unison.comm.group.Group`: it numbers each call in issue order, builds its
+:class:`OpContext` and runs it on the group's ordered queue; when one fails on any
+rank it makes the failure reach every member promptly (an ABORT control frame),
+after which the group is broken and refuses further collectives instead of hanging
+or returning garbage. Transport events for the group (frames of another operation,
+lost peers, other ranks' aborts and timeout notices) arrive here from the runtime.
 """
 
 from __future__ import annotations
@@ -12,91 +14,50 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ..algorithms import OpCode, OpContext, Topology, describe
-from ..buffers import Buffer, as_buffer
-from ..errors import (
-    AbortedError,
-    CommunicationError,
-    InvalidArgumentError,
-    MismatchError,
-)
-from ..link import Link
-from ..log import get_logger
-from ..transport.framing import Control, Kind, OpSig
-from ..transport.matching import ANY_SOURCE
+from ...algorithms import OpCode, OpContext, Topology, describe
+from ...comm.group import Group
+from ...comm.work import Work
+from ...errors import AbortedError, CommunicationError, MismatchError
+from ...log import get_logger
+from ...transport.framing import Control, OpSig
 from .desync import ROOTED, Confirmation, foreign_frame_error
 from .ordered import OrderedQueue
-from .work import RequestWork, Work
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .runtime import Runtime
 
-__all__ = ["Communicator"]
+__all__ = ["Executor"]
 
 log = get_logger("comm")
-_NO_TOPOLOGY = Topology(Link())
-_MAX_TAG = (1 << 32) - 1
 
 
-class Communicator:
-    """A group of ranks (the world or a sub-group) and the operations on it.
+class Executor:
+    """Runs one group's operations on the native engine (members and non-members)."""
 
-    Exposed publicly as :class:`unison.Group`. ``ranks`` are global ranks in group
-    order; ``rank`` is this process's rank in the group (None for a non-member).
-    """
-
-    def __init__(self, rt: Any, gid: int, ranks: Sequence[int]) -> None:
-        # rt: the job's runtime (the native Runtime or an external engine's
-        # BackendRuntime, one layer up): identity, config, and the native engine's routes
+    def __init__(self, rt: Runtime, group: Group, topo: Topology) -> None:
         self.rt = rt
-        self.id = gid
-        self.ranks: tuple[int, ...] = tuple(ranks)
-        self.size = len(self.ranks)
-        self.rank: int | None = self.ranks.index(rt.rank) if rt.rank in self.ranks else None
-        #: the engine that runs this group's operations (chosen once, at init)
-        self.backend: Backend = rt.backend
-        #: the native engine's view of the group (link, shared slots, host layout)
-        self.topo: Topology = _NO_TOPOLOGY
-        self.queue = OrderedQueue(f"group-{gid}")
+        self.group = group
+        self.id = group.id
+        self.ranks = group.ranks
+        self.size = group.size
+        #: the group's link, shared slots and host layout (what algorithms may use)
+        self.topo = topo
+        self.queue = OrderedQueue(f"group-{group.id}")
         self._lock = threading.Lock()
         self._seq = 0
         self._done = 0
         self._inflight: dict[int, OpContext] = {}
         self._early_aborts: dict[int, BaseException] = {}
-        self._broken: BaseException | None = None
         self._notices: dict[int, dict[int, list[int]]] = {}  # seq -> {rank: waiting for}
         self._notice_cv = threading.Condition(self._lock)
-
-    def __repr__(self) -> str:
-        return f"<unison.Group {self.id} ranks={list(self.ranks)} rank={self.rank}>"
-
-    # --- membership --------------------------------------------------------------------
-    def require_member(self, what: str) -> int:
-        if self.rank is None:
-            raise InvalidArgumentError(
-                f"{what}: rank {self.rt.rank} is not a member of group {self.id} "
-                f"(ranks {list(self.ranks)})"
-            )
-        return self.rank
-
-    def group_rank(self, global_rank: int, what: str) -> int:
-        """Translate a global rank given as src/dst/root; it must belong to the group."""
-        if isinstance(global_rank, bool) or not isinstance(global_rank, (int, np.integer)):
-            raise InvalidArgumentError(f"{what} must be an int rank, got {global_rank!r}")
-        if int(global_rank) not in self.ranks:
-            raise InvalidArgumentError(
-                f"{what}={global_rank} is not a rank of group {self.id} (ranks {list(self.ranks)})"
-            )
-        return self.ranks.index(int(global_rank))
 
     def sig(
         self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
     ) -> OpSig:
+        """The signature every frame of the operation carries (op only when unchecked)."""
         if not self.rt.config.check_mismatch:
             return OpSig(op=int(op))
         return OpSig(int(op), int(dtype), int(redop), int(root), int(count))
@@ -105,11 +66,11 @@ class Communicator:
     def submit(self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any]) -> Work:
         """Number the operation now (issue order) and return its Work; it runs when the
         shared layer starts the Work (inline in the caller's thread if blocking and idle)."""
-        me = self.rank
+        me = self.group.rank
         assert me is not None  # members only: the shared layer checked
         hook = self.rt.op_hook
         if hook is not None:  # fault injection in tests: runs in the caller's thread
-            hook(self, self._seq + 1, op)
+            hook(self.group, self._seq + 1, op)
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -201,21 +162,19 @@ class Communicator:
         return check
 
     def _broken_error(self, ctx: OpContext) -> BaseException | None:
-        if self._broken is None:
+        broken = self.group.broken
+        if broken is None:
             return None
         return AbortedError(
-            f"{ctx.name} refused: group {self.id} is unusable since an earlier failure: "
-            f"{self._broken}",
+            f"{ctx.name} refused: group {self.id} is unusable since an earlier failure: {broken}",
             op=ctx.op.label,
             seq=ctx.seq,
             group=self.id,
-            ranks=getattr(self._broken, "ranks", ()),
+            ranks=getattr(broken, "ranks", ()),
         )
 
     def _fail(self, ctx: OpContext, exc: BaseException) -> None:
-        with self._lock:
-            if self._broken is None:
-                self._broken = exc
+        self.group.mark_broken(exc)
         ctx.finish()
         self.rt.forget(self.id, ctx.seq)
         relayed = exc.abort_payload if isinstance(exc, CommunicationError) else None
@@ -245,8 +204,8 @@ class Communicator:
             if ctx is None:
                 if seq > self._done:
                     self._early_aborts[seq] = exc
-                elif self._broken is None:
-                    self._broken = exc
+                else:
+                    self.group.mark_broken(exc)
                 return
         ctx.abort(exc)
 
@@ -313,107 +272,12 @@ class Communicator:
                     ctx.abort(err)
                     return
 
-    def mark_broken(self, exc: BaseException) -> None:
-        """An operation failed leaving the engine's state unknown: refuse later calls."""
-        with self._lock:
-            if self._broken is None:
-                self._broken = exc
-
     def peer_lost(self, exc: CommunicationError) -> None:
+        self.group.mark_broken(exc)
         with self._lock:
-            if self._broken is None:
-                self._broken = exc
             running = list(self._inflight.values())
         for ctx in running:
             ctx.abort(exc)
-
-    # --- point-to-point ----------------------------------------------------------------------
-    def p2p_args(
-        self, buf: Any, peer: int, tag: int, what: str, writable: bool
-    ) -> tuple[Buffer, int]:
-        """Validate a send/recv once: membership, buffer, peer (a global rank), tag."""
-        self.require_member(what)
-        b = as_buffer(buf, what, writable=writable)
-        self.group_rank(peer, "dst" if what == "send" else "src")
-        if int(peer) == self.rt.rank:
-            raise InvalidArgumentError(f"{what}: rank {peer} cannot {what} to itself")
-        if (
-            isinstance(tag, bool)
-            or not isinstance(tag, (int, np.integer))
-            or not 0 <= int(tag) <= _MAX_TAG
-        ):
-            raise InvalidArgumentError(f"{what}: tag must be an int in [0, 2**32), got {tag!r}")
-        return b, int(peer)
-
-    def isend(self, buf: Any, dst: int, tag: int = 0) -> Work:
-        """Start sending ``buf`` to global rank ``dst`` on this group's engine."""
-        b, peer = self.p2p_args(buf, dst, tag, "send", writable=False)
-        return self.backend.isend(self, b, peer, int(tag))
-
-    def irecv(self, buf: Any, src: int | None, tag: int = 0) -> Work:
-        """Start receiving from global rank ``src`` into ``buf`` on this group's engine;
-        ``src=None``: from any rank of the group (the Work's ``source`` is the sender)."""
-        if src is None:
-            b, _ = self.p2p_args(
-                buf,
-                self.ranks[0] if self.rt.rank != self.ranks[0] else self.ranks[-1],
-                tag,
-                "recv",
-                writable=True,
-            )
-            return self.backend.irecv(self, b, ANY_SOURCE, int(tag))
-        b, peer = self.p2p_args(buf, src, tag, "recv", writable=True)
-        return self.backend.irecv(self, b, peer, int(tag))
-
-    def post_send(self, b: Buffer, peer: int, tag: int) -> Work:
-        """The native engine's send of a validated buffer."""
-        sig = self.sig(OpCode.P2P, b.dtype, b.count)
-        cfg = self.rt.config
-        deadline = time.monotonic() + cfg.timeout
-        req = self.rt.router.isend(
-            peer, (int(Kind.P2P), self.id, 0, int(tag)), b.array.view(np.uint8), sig, deadline
-        )
-        name = f"send to rank {peer} (tag {tag})"
-        return RequestWork(name, req, deadline, cfg.timeout, self._p2p_error(name))
-
-    def post_recv(self, b: Buffer, peer: int, tag: int) -> Work:
-        """The native engine's receive into a validated buffer."""
-        sig = self.sig(OpCode.P2P, b.dtype, b.count)
-        cfg = self.rt.config
-        deadline = time.monotonic() + cfg.timeout
-        key = (int(Kind.P2P), self.id, 0, int(tag))
-        if peer == ANY_SOURCE:
-            req = self.rt.router.irecv_any(key, b.array.view(np.uint8), sig)
-            name = f"recv from any rank (tag {tag})"
-        else:
-            req = self.rt.router.irecv(peer, key, b.array.view(np.uint8), sig)
-            name = f"recv from rank {peer} (tag {tag})"
-        return RequestWork(
-            name,
-            req,
-            deadline,
-            cfg.timeout,
-            self._p2p_error(name, sig),
-            b.source,
-            cancel=lambda r: self.rt.router.cancel(peer, r),
-        )
-
-    def _p2p_error(
-        self, name: str, mine: OpSig | None = None
-    ) -> Callable[[CommunicationError], CommunicationError]:
-        def translate(exc: CommunicationError) -> CommunicationError:
-            if isinstance(exc, MismatchError) and mine is not None:
-                theirs = getattr(exc, "sender_sig", None)
-                sent = describe(theirs).replace("p2p", "") if theirs else "another size"
-                return MismatchError(
-                    f"{name}: the message does not fit: rank {exc.ranks[0]} sent {sent} but "
-                    f"rank {self.rt.rank} expects {describe(mine).replace('p2p', '')}",
-                    op=name,
-                    ranks=(*exc.ranks, self.rt.rank),
-                )
-            return type(exc)(f"{name}: {exc}", op=name, ranks=exc.ranks)
-
-        return translate
 
     def close(self) -> None:
         self.queue.close()

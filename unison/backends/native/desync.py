@@ -22,13 +22,13 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..algorithms import OpCode, OpContext, describe
-from ..algorithms import allreduce_recursive_doubling as rd
-from ..algorithms import ring_allgather as ag
-from ..algorithms._schedule import recursive_doubling_plan
-from ..errors import MismatchError
-from ..transport.framing import OpSig
-from ..transport.request import Request
+from ...algorithms import OpCode, OpContext, describe
+from ...algorithms import allreduce_recursive_doubling as rd
+from ...algorithms import ring_allgather as ag
+from ...algorithms._schedule import recursive_doubling_plan
+from ...errors import MismatchError
+from ...transport.framing import OpSig
+from ...transport.request import Request
 
 __all__ = ["ROOTED", "Confirmation", "foreign_frame_error", "sig_hash"]
 

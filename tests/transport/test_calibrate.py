@@ -1,0 +1,93 @@
+"""The measured link model (cache per host, knobs win) and the adaptive wait policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from unison.transport import calibrate
+from unison.transport.wait_policy import SPIN_CAP_S, YIELD_CAP_S, WaitPolicy
+
+
+@pytest.mark.timeout(60)
+def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    env = {"UNISON_LINK_CACHE": str(tmp_path)}
+    calibrate._memo.clear()
+    cal = calibrate.load(env)
+    assert cal.source.startswith("measured")
+    for tr in ("shm", "tcp"):
+        p = cal.link(tr)
+        assert 0 < p.alpha < 1 and 0 < p.beta < 1e-6, (tr, p)
+    assert 0 < cal.overhead < 1
+    (path,) = tmp_path.glob("linkmodel-*.json")
+    assert path == calibrate.cache_path(env)
+    stored = json.loads(path.read_text())
+    assert {k: stored["host"][k] for k in ("cpu", "cores", "unison")} == calibrate.host_key()
+
+    # a second process (fresh memo) reads the cache instead of measuring
+    calibrate._memo.clear()
+    monkeypatch.setattr(calibrate, "measure", lambda: pytest.fail("measured again"))
+    again = calibrate.load(env)
+    assert again.source == "cache" and again.shm == cal.shm and again.tcp == cal.tcp
+
+    # knobs pin values over the measurement
+    pinned = calibrate.load({**env, "UNISON_SHM_ALPHA": "3e-6", "UNISON_CALL_OVERHEAD": "1e-5"})
+    assert pinned.shm.alpha == 3e-6 and pinned.call_overhead == 1e-5
+    assert pinned.shm.beta == cal.shm.beta and pinned.tcp == cal.tcp
+    assert "overrides" in pinned.source
+
+    # install hands it to the one link model that selection and cost() read
+    from unison import link as linkmodel
+
+    try:
+        assert calibrate.install({**env, "UNISON_CALL_OVERHEAD": "1e-5"}) is not None
+        shm = linkmodel.transport_link("shm")
+        assert shm.alpha == pytest.approx(cal.shm.alpha + 2 * cal.overhead)
+        assert shm.beta == cal.shm.beta and shm.overhead == 1e-5
+        assert linkmodel.shared_link().alpha == shm.alpha
+    finally:
+        linkmodel.clear_measured()
+
+    # measured while the machine was busy, read when it is quiet: measure again
+    assert calibrate._read(path) is not None
+    data = json.loads(path.read_text())
+    data["host"]["load"] = 100.0
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(calibrate, "_load", lambda: 0.0)
+    assert calibrate._read(path) is None
+
+    # another machine (other core count) does not use this host's file
+    real = calibrate.host_key()
+    monkeypatch.setattr(calibrate, "host_key", lambda: {**real, "cores": real["cores"] + 1})
+    assert calibrate.cache_path(env) != path
+    path.write_text(path.read_text())  # the old file is still there, but keyed elsewhere
+    assert calibrate._read(path) is None
+    assert calibrate.cache_path({"UNISON_LINK_CACHE": "off"}) is None
+
+
+def test_wait_policy_oversubscribed_yields_at_once() -> None:
+    p = WaitPolicy(oversubscribed=True)
+    assert p.spin_s == 0.0 and 0 < p.yield_s <= YIELD_CAP_S
+    for _ in range(50):
+        p.observe(1e-6)
+    assert p.spin_s == 0.0, "ranks outnumber cores: never spin"
+
+
+def test_wait_policy_learns_from_response_times() -> None:
+    p = WaitPolicy(oversubscribed=False)
+    assert 0 < p.spin_s <= SPIN_CAP_S
+    for _ in range(50):  # peers answer in 5 µs: spin about twice that
+        p.observe(5e-6)
+    assert p.spin_s == pytest.approx(10e-6, rel=0.05)
+    for _ in range(50):  # peers answer in 2 ms: spinning would not pay, yield instead
+        p.observe(2e-3)
+    assert p.spin_s == 0.0
+    assert p.yield_s == YIELD_CAP_S
+    for _ in range(50):  # long compute between calls (waits that slept): bounded, no spin
+        p.observe(30.0, blocked=True)
+    assert p.spin_s == 0.0 and p.yield_s == YIELD_CAP_S and p.response <= 2 * YIELD_CAP_S
+    for _ in range(80):  # fast again: the policy comes back to spinning
+        p.observe(4e-6)
+    assert 0 < p.spin_s <= SPIN_CAP_S

@@ -1,0 +1,142 @@
+"""Point-to-point on the native engine: one transport request per send or receive.
+
+The shared layer (:meth:`unison.comm.group.Group.isend`) has validated the buffer,
+the peer and the tag; here the buffer is posted on the fabric under the group's
+p2p key and wrapped in a :class:`RequestWork` bounded by the job's timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...algorithms import OpCode, describe
+from ...buffers import Buffer
+from ...comm.work import Work
+from ...errors import CollectiveTimeoutError, CommunicationError, MismatchError
+from ...transport.framing import Kind, OpSig
+from ...transport.matching import ANY_SOURCE
+from ...transport.request import Request
+
+if TYPE_CHECKING:
+    from .executor import Executor
+
+__all__ = ["RequestWork", "post_recv", "post_send"]
+
+
+class RequestWork(Work):
+    """A point-to-point operation: one transport request plus its deadline."""
+
+    def __init__(
+        self,
+        name: str,
+        req: Request,
+        deadline: float,
+        timeout: float,
+        translate: Callable[[CommunicationError], CommunicationError],
+        result: Any = None,
+        cancel: Callable[[Request], None] | None = None,
+    ) -> None:
+        super().__init__(name)
+        self._cancel = cancel  # withdraws a posted receive that timed out
+        self._req = req
+        self._deadline = deadline
+        self._timeout = timeout
+        self._translate = translate
+        self._result = result
+        self._lock = threading.Lock()
+
+    def _wait_done(self, timeout: float | None) -> bool:
+        if self._done:
+            return True
+        left = self._deadline - time.monotonic()
+        limit = left if timeout is None else min(timeout, left)
+        try:
+            done = self._req.wait(max(limit, 0.0))
+        except CommunicationError as exc:
+            with self._lock:
+                if not self._done:
+                    self._finish(self._result, self._translate(exc))
+            return True
+        if done:
+            with self._lock:
+                if not self._done:
+                    self._finish(self._result)
+            return True
+        if time.monotonic() >= self._deadline:
+            if self._cancel is not None:
+                self._cancel(self._req)  # a later message must not land in this buffer
+            with self._lock:
+                if not self._done:
+                    self._finish(
+                        self._result,
+                        CollectiveTimeoutError(
+                            f"{self.name} timed out after {self._timeout:g}s; "
+                            f"not heard from rank {self._req.peer}",
+                            op=self.name,
+                            ranks=(self._req.peer,),
+                        ),
+                    )
+            return True
+        return False
+
+
+def _key(ex: Executor, tag: int) -> tuple[int, int, int, int]:
+    return (int(Kind.P2P), ex.id, 0, int(tag))
+
+
+def post_send(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
+    """Send the validated ``b`` to global rank ``peer`` on ``ex``'s group."""
+    sig = ex.sig(OpCode.P2P, b.dtype, b.count)
+    rt = ex.rt
+    deadline = time.monotonic() + rt.config.timeout
+    req = rt.router.isend(peer, _key(ex, tag), b.array.view(np.uint8), sig, deadline)
+    name = f"send to rank {peer} (tag {tag})"
+    return RequestWork(name, req, deadline, rt.config.timeout, _error(ex, name))
+
+
+def post_recv(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
+    """Receive from global rank ``peer`` (or ``ANY_SOURCE``) into the validated ``b``."""
+    sig = ex.sig(OpCode.P2P, b.dtype, b.count)
+    rt = ex.rt
+    deadline = time.monotonic() + rt.config.timeout
+    view = b.array.view(np.uint8)
+    if peer == ANY_SOURCE:
+        req = rt.router.irecv_any(_key(ex, tag), view, sig)
+        name = f"recv from any rank (tag {tag})"
+    else:
+        req = rt.router.irecv(peer, _key(ex, tag), view, sig)
+        name = f"recv from rank {peer} (tag {tag})"
+    return RequestWork(
+        name,
+        req,
+        deadline,
+        rt.config.timeout,
+        _error(ex, name, sig),
+        b.source,
+        cancel=lambda r: rt.router.cancel(peer, r),
+    )
+
+
+def _error(
+    ex: Executor, name: str, mine: OpSig | None = None
+) -> Callable[[CommunicationError], CommunicationError]:
+    me = ex.rt.rank
+
+    def translate(exc: CommunicationError) -> CommunicationError:
+        if isinstance(exc, MismatchError) and mine is not None:
+            theirs = getattr(exc, "sender_sig", None)
+            sent = describe(theirs).replace("p2p", "") if theirs else "another size"
+            return MismatchError(
+                f"{name}: the message does not fit: rank {exc.ranks[0]} sent {sent} but "
+                f"rank {me} expects {describe(mine).replace('p2p', '')}",
+                op=name,
+                ranks=(*exc.ranks, me),
+            )
+        return type(exc)(f"{name}: {exc}", op=name, ranks=exc.ranks)
+
+    return translate

@@ -1,0 +1,159 @@
+"""Small world collectives over the shared slots (:mod:`unison.transport.seqslot`).
+
+When every rank of the job shares one host, a world collective whose payload fits a
+slot (``UNISON_SMALL_BYTES``, 4 KiB by default) skips the algorithms, requests,
+framing and matching: each rank publishes its bytes and signature in its slot and
+reads its peers'. It still runs as a numbered operation of the group's ordered
+engine, so failures take the usual way: an abort or a lost peer reaches the
+waiting rank through its :class:`OpContext`, a disagreeing signature is a
+:class:`MismatchError` on every rank, a silent peer a
+:class:`CollectiveTimeoutError` naming it, and the group's ABORT spreads either.
+
+Every rank picks this path for the same calls: the choice depends on the group
+(the world), the payload size (part of the signature every rank must agree on)
+and whether the job has the slots (agreed by the fabric), never on local timing.
+If ranks disagree on size across the threshold, the general-path rank's frame
+reaches the slot rank as a foreign frame and both fail with the mismatch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..._types import ReduceOp
+from ...algorithms import OpContext, describe
+from ...buffers import Buffer, DType
+from ...errors import CollectiveTimeoutError, CommunicationError, MismatchError
+from ...transport.framing import OpSig
+from ...transport.seqslot import SeqSlots
+
+if TYPE_CHECKING:
+    from ...comm.group import Group
+    from .runtime import Runtime
+
+__all__ = ["slots_for", "small_all_gather", "small_body", "small_reduce_scatter"]
+
+_B8, _B16, _B32 = 0xFF, 0xFFFF, 0xFFFFFFFF
+
+
+def slots_for(rt: Runtime, comm: Group, nbytes: int) -> SeqSlots | None:
+    """The world's slots when this call may use them (the same answer on every rank)."""
+    if comm.id != 0:
+        return None
+    slots = rt.fabric.seqslots
+    if slots is None or nbytes > slots.slot_bytes:
+        return None
+    return slots
+
+
+def _key(sig: OpSig) -> int:
+    """The whole signature in one signed 64-bit word (what the slots compare)."""
+    return (
+        (sig.op & 0x7F) << 56
+        | (sig.dtype & _B8) << 48
+        | (sig.redop & _B8) << 40
+        | ((sig.root + 1) & _B16) << 24
+        | (sig.count & 0xFFFFFF)
+    )
+
+
+def _unkey(key: int) -> OpSig:
+    root = ((key >> 24) & _B16) - 1
+    return OpSig((key >> 56) & 0x7F, (key >> 48) & _B8, (key >> 40) & _B8, root, key & 0xFFFFFF)
+
+
+class _Watch:
+    """One call's view for the slots: its context's aborts, lost peers, error texts."""
+
+    __slots__ = ("ctx", "rt")
+
+    def __init__(self, rt: Runtime, ctx: OpContext) -> None:
+        self.rt, self.ctx = rt, ctx
+
+    def check(self) -> None:
+        self.ctx._raise_if_aborted()
+        lost = self.rt.fabric.gone([r for r in self.ctx.ranks if r != self.rt.rank])
+        if lost is not None:
+            raise lost
+
+    def late(self, pending: list[int]) -> BaseException:
+        ctx = self.ctx
+        waiting = [ctx.ranks[q] for q in pending]
+        silent, notes = ctx.diagnose(ctx, waiting) if ctx.diagnose else (waiting, [])
+        text = (
+            f"{ctx.name} timed out after {ctx.timeout:g}s: "
+            f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))} did not answer"
+        )
+        if silent != waiting:
+            text += f" (rank {ctx.ranks[ctx.rank]} was waiting for {', '.join(map(str, waiting))})"
+        if notes:
+            text += "; " + "; ".join(notes)
+        return CollectiveTimeoutError(
+            text, op=ctx.op.label, seq=ctx.seq, group=ctx.group_id, ranks=silent
+        )
+
+    def mismatch(self, peer: int, theirs: int) -> BaseException:
+        ctx = self.ctx
+        other, me = ctx.ranks[peer], ctx.ranks[ctx.rank]
+        return MismatchError(
+            f"mismatched collective at {ctx.name}: rank {other} called "
+            f"{describe(_unkey(theirs))} but rank {me} called {describe(ctx.sig)}",
+            op=ctx.op.label,
+            seq=ctx.seq,
+            group=ctx.group_id,
+            ranks=(other, me),
+        )
+
+
+def small_body(
+    rt: Runtime,
+    slots: SeqSlots,
+    sig: OpSig,
+    run: Callable[[float, int], Any],
+) -> Callable[[OpContext], Any]:
+    """The engine body: watch the context, ``run(timeout, key)`` on the slots."""
+    key = _key(sig)
+
+    def body(ctx: OpContext) -> Any:
+        slots.watch = _Watch(rt, ctx)
+        try:
+            out = run(ctx.deadline - time.monotonic(), key)
+        except CommunicationError as exc:
+            if exc.op is not None:
+                raise
+            raise type(exc)(  # name the operation, as the general path does
+                f"{ctx.name}: {exc}",
+                op=ctx.op.label,
+                seq=ctx.seq,
+                group=ctx.group_id,
+                ranks=exc.ranks,
+            ) from None
+        finally:
+            slots.watch = None
+        ctx.all_pairs_checked = True  # every rank compared every rank's signature
+        return out
+
+    return body
+
+
+def small_all_gather(
+    slots: SeqSlots, b: Buffer, outs: list[np.ndarray], result: Any
+) -> Callable[[float, int], Any]:
+    def run(timeout: float, key: int) -> Any:
+        slots.all_gather(b.array, outs, timeout, key)
+        return result
+
+    return run
+
+
+def small_reduce_scatter(
+    slots: SeqSlots, out: Buffer, ins: list[np.ndarray], op: ReduceOp, dt: DType
+) -> Callable[[float, int], Any]:
+    def run(timeout: float, key: int) -> None:
+        slots.reduce_scatter(ins, out.array, op, timeout, key, dt)
+
+    return run

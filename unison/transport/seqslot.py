@@ -1,0 +1,336 @@
+"""The blocking small-message path on shared memory: one slot per rank and a sequence number.
+
+When every rank of a group shares one host and nothing else is in flight, a
+small blocking collective needs no request objects, framing or matching: each
+rank writes its contribution (and the operation's signature) into its own
+peer-visible slot, publishes the call's sequence number, waits until every
+peer has published the same number, checks the signatures agree, and reads —
+reduces, gathers or copies — straight out of the peers' slots.
+
+Layout of each rank's region (:func:`region_bytes`): a 64-byte header (``seq``,
+u32 at 0; ``sleepers``, u32 at 4) and two halves, each a 16-byte header
+(signature, payload bytes) and ``slot_bytes`` of payload. Call ``k`` uses half
+``k % 2``. A rank writes half ``h`` in call ``k`` only after every peer
+published ``k − 1``, which a peer does only after it finished reading call
+``k − 2``, the last use of half ``h``; so peers are never more than one call
+apart and a peer's ``seq`` is always ``k`` or ``k + 1`` once it has arrived.
+
+Waiting follows :class:`~.wait_policy.WaitPolicy` (spin, then ``sched_yield``,
+then sleep on the peer's ``seq`` futex); every wait has a deadline and ends in
+:class:`~unison.errors.CollectiveTimeoutError` naming the rank, the operation
+and the peers not heard from. Results are reduced in rank order, as the direct
+shared-memory algorithms do, so every rank ends bitwise identical.
+
+Memory ordering: the payload is stored before ``seq`` and read after it; x86
+keeps stores and loads in order, and the Python interpreter executes a full
+bytecode (with its own memory barriers around the GIL) between the two.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from .._types import ReduceOp
+from ..buffers import DType, Kernel, finalize_average, from_numpy, kernel
+from ..errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError
+from . import futex
+from .wait_policy import WaitPolicy
+
+__all__ = ["SeqSlots", "SlotWatch", "region_bytes"]
+
+_HEAD = 64
+_HALF_HEAD = 16
+_MASK = 0xFFFFFFFF
+_SLEEP_S = 0.005  # a sleeping waiter re-checks this often (bounds a lost wake-up)
+
+_ALL_REDUCE, _BROADCAST, _ALL_GATHER, _REDUCE_SCATTER, _BARRIER = range(5)
+_NAMES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
+
+
+def region_bytes(slot_bytes: int) -> int:
+    """Bytes of one rank's region for payloads up to ``slot_bytes``."""
+    half = (_HALF_HEAD + slot_bytes + 63) // 64 * 64
+    return _HEAD + 2 * half
+
+
+class SlotWatch(Protocol):
+    """The caller's view of one call: failures learnt elsewhere, and its error texts."""
+
+    def check(self) -> None:
+        """Raise if the call already failed elsewhere (an abort, a lost peer)."""
+
+    def late(self, pending: list[int]) -> BaseException:
+        """The error for a deadline passed while ``pending`` (local ranks) were silent."""
+        ...
+
+    def mismatch(self, peer: int, theirs: int) -> BaseException:
+        """The error for ``peer`` having published the signature word ``theirs``."""
+        ...
+
+
+def _sig(kind: int, op: int, dtype: int, nbytes: int, root: int) -> int:
+    return (kind << 56) | (op << 48) | (dtype << 40) | (root << 32) | (nbytes & _MASK)
+
+
+class SeqSlots:
+    """One group's slots: ``regions[q]`` is local rank ``q``'s region, mapped here.
+
+    ``alive``: returns why a peer is gone (or None), checked while waiting long.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        regions: Sequence[memoryview],
+        slot_bytes: int,
+        *,
+        alive: Callable[[], str | None] | None = None,
+        oversubscribed: bool | None = None,
+    ) -> None:
+        self.rank, self.size, self.slot_bytes = rank, len(regions), slot_bytes
+        need = region_bytes(slot_bytes)
+        if any(len(r) < need for r in regions):
+            raise InvalidArgumentError(f"every region needs {need} bytes")
+        self._half = (region_bytes(slot_bytes) - _HEAD) // 2
+        self._seq = [ctypes.c_uint32.from_buffer(r, 0) for r in regions]
+        self._sleepers = [ctypes.c_uint32.from_buffer(r, 4) for r in regions]
+        self._addr = [ctypes.addressof(s) for s in self._seq]
+        self._bytes = [np.frombuffer(r, np.uint8, need) for r in regions]
+        self._heads = [
+            [np.frombuffer(r, np.int64, 2, _HEAD + h * self._half) for h in (0, 1)] for r in regions
+        ]
+        self._k = self._seq[rank].value
+        self._alive = alive
+        if oversubscribed is None:
+            try:
+                cores = len(os.sched_getaffinity(0))
+            except (AttributeError, OSError):
+                cores = os.cpu_count() or 1
+            oversubscribed = self.size > cores
+        self.policy = WaitPolicy(oversubscribed)
+        self.peers = [q for q in range(self.size) if q != rank]
+        #: set by the caller for the calls that follow (None: this module's own errors)
+        self.watch: SlotWatch | None = None
+        self._kernels: dict[tuple[ReduceOp, DType], Kernel] = {}
+        self._views: dict[tuple[int, int, int, np.dtype], list[np.ndarray]] = {}
+
+    # --- the one primitive ------------------------------------------------------------------
+    def fits(self, nbytes: int) -> bool:
+        return nbytes <= self.slot_bytes
+
+    def _payload(self, q: int, h: int, nbytes: int) -> np.ndarray:
+        off = _HEAD + h * self._half + _HALF_HEAD
+        return self._bytes[q][off : off + nbytes]
+
+    def _exchange(
+        self,
+        data: np.ndarray | Sequence[np.ndarray] | None,
+        sig: int,
+        timeout: float,
+        key: int = 0,
+    ) -> int:
+        """Publish ``data`` (this rank's bytes: one array or blocks laid end to end) with
+        ``sig`` and the caller's signature word ``key``; wait for every peer; both words
+        must agree; returns the half used."""
+        k = (self._k + 1) & _MASK
+        h = k & 1
+        me = self.rank
+        if isinstance(data, np.ndarray):
+            if data.nbytes > self.slot_bytes:
+                raise InvalidArgumentError(
+                    f"{data.nbytes} bytes do not fit a {self.slot_bytes}-byte slot"
+                )
+            if data.nbytes:
+                self._payload(me, h, data.nbytes)[:] = data.reshape(-1).view(np.uint8)
+        elif data is not None:
+            total = sum(int(b.nbytes) for b in data)
+            if total > self.slot_bytes:
+                raise InvalidArgumentError(
+                    f"{total} bytes do not fit a {self.slot_bytes}-byte slot"
+                )
+            dst = self._payload(me, h, total)
+            at = 0
+            for b in data:
+                dst[at : at + b.nbytes] = b.reshape(-1).view(np.uint8)
+                at += b.nbytes
+        head = self._heads[me][h]
+        head[0] = sig
+        head[1] = key
+        self._seq[me].value = k
+        if self._sleepers[me].value:
+            self._sleepers[me].value = 0
+            futex.wake(self._addr[me], 1 << 20)
+        self._wait(k, sig, timeout)
+        self._k = k
+        for q in self.peers:
+            theirs = self._heads[q][h]
+            if theirs[1] != key and self.watch is not None:
+                raise self.watch.mismatch(q, int(theirs[1]))
+            if theirs[0] != sig:
+                if self.watch is not None:
+                    raise self.watch.mismatch(q, int(theirs[1]))
+                raise MismatchError(
+                    f"rank {me}: {self._describe(sig)} but rank {q} called "
+                    f"{self._describe(int(self._heads[q][h][0]))}",
+                    op=_NAMES[sig >> 56],
+                    ranks=(q,),
+                )
+        return h
+
+    def _arrived(self, q: int, k: int) -> bool:
+        return ((self._seq[q].value - k) & _MASK) <= 1
+
+    def _wait(self, k: int, sig: int, timeout: float) -> None:
+        """Until every peer published ``k``: spin, yield, then sleep; deadline-bound."""
+        policy = self.policy
+        start = time.monotonic()
+        deadline = start + timeout
+        spin_end = start + policy.spin_s
+        yield_end = spin_end + policy.yield_s
+        blocked = False
+        for q in self.peers:  # all must arrive: wait for each in turn
+            seq = self._seq[q]
+            n = 0
+            while (seq.value - k) & _MASK > 1:
+                n += 1
+                if n & 7 and n < 64:  # a few cheap polls between clock reads
+                    continue
+                now = time.monotonic()
+                if now < spin_end:
+                    continue
+                watch = self.watch
+                if watch is not None:
+                    watch.check()
+                if now >= deadline:
+                    self._late(k, sig, timeout, None)
+                if self._alive is not None:
+                    gone = self._alive()
+                    if gone is not None:
+                        self._late(k, sig, timeout, gone)
+                if now < yield_end:
+                    os.sched_yield()
+                    continue
+                blocked = True  # sleep until this peer publishes (or a bounded re-check)
+                seen = seq.value
+                self._sleepers[q].value = 1
+                if (seen - k) & _MASK > 1:
+                    futex.wait(self._addr[q], seen, min(_SLEEP_S, deadline - now))
+        policy.observe(time.monotonic() - start, blocked)
+
+    def _late(self, k: int, sig: int, timeout: float, gone: str | None) -> None:
+        pending = [q for q in self.peers if not self._arrived(q, k)]
+        if self.watch is not None and gone is None:
+            raise self.watch.late(pending)
+        why = gone or f"timed out after {timeout:g} s waiting for ranks {pending}"
+        raise CollectiveTimeoutError(
+            f"rank {self.rank}: {_NAMES[sig >> 56]} {why}", op=_NAMES[sig >> 56], ranks=pending
+        )
+
+    def _describe(self, sig: int) -> str:
+        kind, op, dt = sig >> 56, (sig >> 48) & 0xFF, (sig >> 40) & 0xFF
+        what = _NAMES[kind]
+        if kind in (_ALL_REDUCE, _REDUCE_SCATTER):
+            what += f"({ReduceOp(op).name})"
+        if dt:
+            what += f" of {DType(dt).name.lower()}"
+        return f"{what} of {sig & _MASK} bytes (root {(sig >> 32) & 0xFF})"
+
+    # --- collectives (blocking, in place where the API is) -----------------------------------
+    def _dtype(self, arr: np.ndarray) -> DType:
+        dt = from_numpy(arr.dtype)
+        if dt is None or not arr.flags.c_contiguous:
+            raise InvalidArgumentError(f"unsupported buffer {arr.dtype} (contiguous numpy)")
+        return dt
+
+    def _reduce(
+        self, h: int, off: int, count: int, op: ReduceOp, dt: DType, out: np.ndarray
+    ) -> None:
+        kern = self._kernels.get((op, dt))
+        if kern is None:
+            kern = self._kernels[(op, dt)] = kernel(op, dt)
+        key = (h, off, count, out.dtype)
+        srcs = self._views.get(key)
+        if srcs is None:  # views of the peers' slots, made once per shape
+            if len(self._views) > 256:
+                self._views.clear()
+            nb = count * out.itemsize
+            srcs = self._views[key] = [
+                self._payload(q, h, off + nb)[off:].view(out.dtype) for q in range(self.size)
+            ]
+        if self.size == 1:
+            out[:] = srcs[0]
+        else:
+            kern(srcs[0], srcs[1], out)
+            for s in srcs[2:]:
+                kern(out, s, out)
+        if op is ReduceOp.AVG:
+            finalize_average(out, dt, self.size)
+
+    def all_reduce(
+        self,
+        arr: np.ndarray,
+        op: ReduceOp = ReduceOp.SUM,
+        timeout: float = 300.0,
+        key: int = 0,
+        dtype: DType | None = None,
+    ) -> None:
+        """``dtype``: what ``arr``'s storage holds (e.g. bfloat16 in uint16), if not its own."""
+        dt = dtype or self._dtype(arr)
+        h = self._exchange(arr, _sig(_ALL_REDUCE, op, dt, arr.nbytes, 0), timeout, key)
+        self._reduce(h, 0, arr.size, op, dt, arr.reshape(-1))
+
+    def broadcast(self, arr: np.ndarray, root: int, timeout: float = 300.0, key: int = 0) -> None:
+        dt = self._dtype(arr)
+        mine = arr if self.rank == root else None
+        h = self._exchange(mine, _sig(_BROADCAST, 0, dt, arr.nbytes, root), timeout, key)
+        if self.rank != root:
+            arr.reshape(-1).view(np.uint8)[:] = self._payload(root, h, arr.nbytes)
+
+    def all_gather(
+        self,
+        inp: np.ndarray,
+        out: np.ndarray | Sequence[np.ndarray],
+        timeout: float = 300.0,
+        key: int = 0,
+    ) -> None:
+        """``out``: one array of size × input elements, or one block per rank."""
+        dt = self._dtype(inp)
+        nb = inp.nbytes
+        if isinstance(out, np.ndarray):
+            if out.size != inp.size * self.size or out.dtype != inp.dtype:
+                raise InvalidArgumentError("all_gather: output must hold size × input elements")
+            flat = out.reshape(-1).view(np.uint8)
+            blocks = [flat[q * nb : (q + 1) * nb] for q in range(self.size)]
+        else:
+            blocks = [b.reshape(-1).view(np.uint8) for b in out]
+        h = self._exchange(inp, _sig(_ALL_GATHER, 0, dt, nb, 0), timeout, key)
+        for q in range(self.size):
+            blocks[q][:] = self._payload(q, h, nb)
+
+    def reduce_scatter(
+        self,
+        inp: np.ndarray | Sequence[np.ndarray],
+        out: np.ndarray,
+        op: ReduceOp = ReduceOp.SUM,
+        timeout: float = 300.0,
+        key: int = 0,
+        dtype: DType | None = None,
+    ) -> None:
+        """``inp``: one array of size × output elements, or one block per rank."""
+        dt = dtype or self._dtype(out)
+        if isinstance(inp, np.ndarray) and (
+            inp.size != out.size * self.size or out.dtype != inp.dtype
+        ):
+            raise InvalidArgumentError("reduce_scatter: input must hold size × output elements")
+        sig = _sig(_REDUCE_SCATTER, op, dt, out.nbytes * self.size, 0)
+        h = self._exchange(inp, sig, timeout, key)
+        self._reduce(h, self.rank * out.nbytes, out.size, op, dt, out.reshape(-1))
+
+    def barrier(self, timeout: float = 300.0, key: int = 0) -> None:
+        self._exchange(None, _sig(_BARRIER, 0, 0, 0, 0), timeout, key)
