@@ -11,7 +11,7 @@ runs them one after the other in the same job and prints the step-time ratios
 (DDP-unison / DDP-gloo is the one a DDP user sees when changing the backend name).
 ``--latency`` adds the per-operation overhead of a 4-byte allreduce through the stacks.
 ``--comm-bound`` is the communication-bound configuration (batch 1 per rank: a few
-milliseconds of compute against 41 MB of gradients per step), the one the DDP
+milliseconds of compute against 37 MB of gradients per step), the one the DDP
 step-time ratio is quoted for:
 
     for n in 2 4; do unison run -np $n python examples/pytorch_synthetic_benchmark.py \
