@@ -3,12 +3,13 @@
 One thread per process set and rank, woken when work is submitted or a peer
 starts a negotiation cycle — never paced by a sleep. A cycle: every rank sends
 every peer one small message (the response-cache bits of its pending tensors,
-full requests for tensors not in the cache, and on the coordinator whether its
-table is busy) and receives theirs. When only cached tensors are involved the
-bitwise AND of the bit vectors decides, identically on every rank, with no
-round trip to the coordinator. Otherwise rank 0 of the set (the coordinator)
-validates the requests and announces the responses. Then every rank executes
-the same responses in the same order (:mod:`unison.torch.execute`).
+full requests for tensors not in the cache, and from rank 0 the tensors its stall
+inspector shuts down) and receives theirs. When only cached tensors are involved
+the bitwise AND of the bit vectors decides. Otherwise every rank feeds the same
+requests, in rank order, into its own copy of the coordinator's table
+(:class:`Coordinator`), which validates them and yields the same responses on
+every rank — no round trip to rank 0. Then every rank executes the same responses
+in the same order (:mod:`unison.torch.execute`).
 
 A cycle starts when there is new local work or a peer's message for it has
 arrived, so ranks that submit in different orders meet without polling. A rank
@@ -71,7 +72,6 @@ class Engine:
         self._new: list[Entry] = []
         self._pending: dict[str, Entry] = {}
         self._inbox: dict[int, dict[int, Any]] = {}
-        self._responses: dict[int, list[Response]] = {}
         self._gone: set[int] = set()
         self._error: BaseException | None = None
         self._closing = False
@@ -85,7 +85,10 @@ class Engine:
         # caller's thread
         self.counts = {"cycles": 0, "control_sent": 0, "inline": 0, "caller": 0}
         self.cache = ResponseCache(settings.cache_capacity)
-        self.coord = Coordinator(self.size) if self.me == 0 else None
+        # every rank keeps the coordinator's table (fed the same messages, it decides the
+        # same); rank 0 (the lead) also runs the stall inspector
+        self.coord = Coordinator(self.size)
+        self._lead = self.me == 0
         self.stall = StallInspector(
             self.size,
             settings.stall_check_time,
@@ -215,8 +218,6 @@ class Engine:
                 if msg[1] not in self._inbox:
                     self._arrived = time.monotonic()
                 self._inbox.setdefault(msg[1], {})[r] = msg
-            elif msg[0] == "R":
-                self._responses[msg[1]] = msg[2]
             # a running cycle waits on the receives itself (Channel.pull) and whoever ends
             # it wakes the loop if more is wanted: only an idle loop needs the news
             if not self._running:
@@ -233,7 +234,7 @@ class Engine:
     # --- the loop ----------------------------------------------------------------------------
     def _linger(self) -> float:
         """Seconds to wait before answering a peer's cycle with nothing of our own (0: now)."""
-        if self._pending or self._force or (self.coord is not None and self.coord.busy):
+        if self._pending or self._force or self.coord.busy:
             return 0.0
         return self._arrived + LINGER_S - time.monotonic()
 
@@ -275,7 +276,7 @@ class Engine:
 
     def _idle_timeout(self) -> float:
         t = self.settings.timeout / 3
-        due = self.stall.next_due(time.monotonic()) if self.coord is not None else None
+        due = self.stall.next_due(time.monotonic()) if self._lead else None
         return min(t, due) if due is not None else t
 
     def _housekeeping(self) -> None:
@@ -284,7 +285,7 @@ class Engine:
         if now - self._last_sent >= self.settings.timeout / 3:
             self._last_sent = now
             threading.Thread(target=self._ping, daemon=True).start()
-        if self.coord is not None:
+        if self._lead:
             warn, kill = self.stall.check(self._holders, now)
             if warn:
                 text = "; ".join(s.describe() for s in warn)
@@ -331,8 +332,11 @@ class Engine:
                 e.announced = True
             else:
                 ids.add(cid)
-        busy = self.coord is not None and (self.coord.busy or bool(self._force))
-        mine = ("C", k, ids_to_bits(ids), fresh, busy, payload(entries))
+        # rank 0 alone runs the stall inspector: what it shuts down travels in its message
+        force: dict[str, str] = {}
+        if self._lead and self._force:
+            force, self._force = self._force, {}
+        mine = ("C", k, ids_to_bits(ids), fresh, force, payload(entries))
         self.channel.send_all(mine)
         self.counts["cycles"] += 1
         self.counts["control_sent"] += self.size - 1
@@ -348,23 +352,22 @@ class Engine:
                         self._seen_joined.add(r)
                     else:
                         self._seen.setdefault(q.name, set()).add(r)
-        coordinated = any(m[3] for m in msgs.values()) or msgs[0][4]
+        # every rank holds every rank's message and the same coordinator table, so every
+        # rank decides alike: no round trip to a coordinator, even for new requests
+        coordinated = any(m[3] for m in msgs.values()) or bool(msgs[0][4]) or self.coord.busy
         if not coordinated:
             ready = bits_to_ids(and_bits([msgs[r][2] for r in range(self.size)]))
             responses = [self.cache.get(i) for i in ready]
-            if self.coord is not None:
+            if self._lead:
                 self._observe(msgs)
-        elif self.coord is not None:
+        else:
             for r in range(self.size):
                 m = msgs[r]
                 self.coord.add(r, m[3])
                 self.coord.add(r, [request_of(self.cache.get(i), r) for i in bits_to_ids(m[2])])
-            self._observe(msgs)
-            force, self._force = self._force, {}
-            responses = self.coord.ready(force)
-            self.channel.send_all(("R", k, responses))
-        else:
-            responses = self._await_responses(k)
+            if self._lead:
+                self._observe(msgs)
+            responses = self.coord.ready(msgs[0][4])
         if responses:
             self._execute(responses, [msgs[r][5] for r in range(self.size)])
 
@@ -374,7 +377,6 @@ class Engine:
         for r in range(self.size):
             for i in bits_to_ids(msgs[r][2]):
                 holders.setdefault(self.cache.get(i).name, set()).add(r)
-        assert self.coord is not None
         for name, reqs in self.coord.table.items():
             holders.setdefault(name, set()).update(reqs)
         for r in self.coord.joined:
@@ -413,26 +415,6 @@ class Engine:
                 peer = missing[0]
                 work = self.channel.posted(peer)
             self.channel.pull(peer, work, min(left, 1.0))
-
-    def _await_responses(self, k: int) -> list[Response]:
-        deadline = time.monotonic() + self.settings.timeout
-        while True:
-            with self._cv:
-                if k in self._responses:
-                    return self._responses.pop(k)
-                if self._error is not None:
-                    raise self._error
-                if 0 in self._gone:
-                    raise HorovodInternalError("the coordinator (rank 0 of the set) shut down")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise HorovodInternalError(
-                        f"no response from the coordinator (rank {self.ranks[0]}) within "
-                        f"{self.settings.timeout:g}s",
-                        ranks=(self.ranks[0],),
-                    )
-                work = self.channel.posted(self.ranks[0])
-            self.channel.pull(self.ranks[0], work, min(left, 1.0))
 
     def _execute(self, responses: list[Response], parts: list[dict[str, bytes]]) -> None:
         now = time.perf_counter()
