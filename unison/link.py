@@ -53,6 +53,9 @@ class Link:
     beta: float = 1 / 1.5e9
     gamma: float = 1 / 4e9
     overhead: float = 0.0
+    #: seconds of the bare signal between two ranks (α without the per-message Python
+    #: work); 0: not known
+    hop: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,9 @@ class SharedLink(Link):
 
     copy: float = 1 / 8e9
     half: int = SLOT_BYTES // 2
+    #: seconds per peer of one round synchronisation of the direct algorithms
+    #: (0: a zero-byte message each way, i.e. α; the shared sequence slots: the hop)
+    sync: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ DEFAULTS: dict[str, Link] = {
     "tcp": Link(alpha=40e-6, beta=1 / 1.5e9),
     # shm: one message's Python path through a ring (a ring hop is ~1 µs of it);
     # two copies (into and out of the ring) plus framing, pipelined
-    "shm": Link(alpha=15e-6, beta=1 / 3e9),
+    "shm": Link(alpha=15e-6, beta=1 / 3e9, hop=1e-6),
 }
 
 _measured: dict[str, Link] = {}
@@ -123,10 +129,14 @@ def transport_link(transport: str) -> Link:
     return got if got is not None else DEFAULTS[transport]
 
 
-def shared_link(base: Link | None = None, half: int = SLOT_BYTES // 2) -> SharedLink:
-    """The link of a job whose ranks all share one host (``base``: the shm link)."""
+def shared_link(
+    base: Link | None = None, half: int = SLOT_BYTES // 2, slots: bool = False
+) -> SharedLink:
+    """The link of a job whose ranks all share one host (``base``: the shm link);
+    ``slots``: rounds synchronise on the shared sequence slots (a hop, not a message)."""
     b = transport_link("shm") if base is None else base
-    return SharedLink(b.alpha, b.beta, b.gamma, b.overhead, half=half)
+    sync = (b.hop or b.alpha) if slots else 0.0
+    return SharedLink(b.alpha, b.beta, b.gamma, b.overhead, b.hop, half=half, sync=sync)
 
 
 def two_level(host_of: dict[int, str], inter: Link, transport: str) -> TwoLevelLink | None:
@@ -154,7 +164,14 @@ def two_level(host_of: dict[int, str], inter: Link, transport: str) -> TwoLevelL
     intra = transport_link("shm") if transport != "tcp" else inter
     intra = replace(intra, gamma=inter.gamma)
     return TwoLevelLink(
-        inter.alpha, inter.beta, inter.gamma, inter.overhead, intra, len(counts), per_host
+        inter.alpha,
+        inter.beta,
+        inter.gamma,
+        inter.overhead,
+        inter.hop,
+        intra=intra,
+        hosts=len(counts),
+        per_host=per_host,
     )
 
 

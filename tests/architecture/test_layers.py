@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "unison.errors",
             "unison._types",
             "unison._version",
+            "unison._completion",
             "unison.testing.faults",
         ),
     ),
@@ -126,6 +127,6 @@ def test_no_upward_imports() -> None:
     assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("mod", ["unison.link", "unison.errors"])
+@pytest.mark.parametrize("mod", ["unison.link", "unison.errors", "unison._completion"])
 def test_bottom_modules_import_nothing_of_unison(mod: str) -> None:
     assert not _graph()[mod], f"{mod} must stay at the bottom"

@@ -138,6 +138,8 @@ def test_corrupted_frame_fails_cleanly_naming_the_sender(transport: str) -> None
             "UNISON_FAULTS": "corrupt@rank=1,op=2",
             "UNISON_TIMEOUT": "20",
             "UNISON_TRANSPORT": transport,
+            # an algorithm that sends frames (the direct shm ones move data without any)
+            "UNISON_ALGO": "allreduce:ring",
         },
     )
     assert outs[0].ok and "rank 1" in outs[0].value and "bad magic" in outs[0].value, outs[

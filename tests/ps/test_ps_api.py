@@ -12,7 +12,7 @@ import pytest
 
 import unison.ps as ps
 from unison.errors import InvalidArgumentError
-from unison.ps.wire import Op
+from unison.ps.wire import PsOp
 
 from ._harness import run_ps, run_ps_outcomes
 
@@ -101,9 +101,9 @@ def _bad_inputs(kv: ps.KVStore) -> list[str]:
 
 
 def _forged_push(kv: ps.KVStore, arr: np.ndarray) -> None:
-    ch = kv._channels[kv.placement()["w"][0][0] - kv.num_workers]
+    ch = kv._servers[kv.placement()["w"][0][0] - kv.num_workers]
     meta = {"pieces": [["w", 0]], "arrays": [[arr.dtype.str, arr.size]]}
-    ch.request(Op.PUSH, "push", kv.current_clock, meta, [arr]).wait()
+    ch.request(PsOp.PUSH, "push", kv.current_clock, meta, [arr]).wait()
 
 
 def test_bad_input_fails_only_that_call_and_data_stays_intact() -> None:

@@ -11,8 +11,8 @@ import pytest
 import unison.ps as ps
 from unison.errors import InvalidArgumentError
 from unison.ps.consistency import DONE, from_key
-from unison.ps.state import Request, ServerState
-from unison.ps.wire import Op, Status
+from unison.ps.state import ServerState, WorkerRequest
+from unison.ps.wire import PsOp, PsStatus
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -103,27 +103,31 @@ W = (0, 1, 2)
 
 def _state(policy: ps.Consistency) -> ServerState:
     st = ServerState(0, 9, W, policy, park_timeout=5.0)
-    st.handle(Request(0, Op.CLAIM, 1, 0, {"keys": [{"k": "x", "shape": [4], "dtype": "<f8"}]}))
     st.handle(
-        Request(
+        WorkerRequest(0, PsOp.CLAIM, 1, 0, {"keys": [{"k": "x", "shape": [4], "dtype": "<f8"}]})
+    )
+    st.handle(
+        WorkerRequest(
             0,
-            Op.INIT,
+            PsOp.INIT,
             2,
             0,
             {"pieces": [{"k": "x", "p": 0, "start": 0, "stop": 4, "shape": [4]}]},
             [np.zeros(4)],
         )
     )
-    st.handle(Request(0, Op.COMMIT, 3, 0, {"keys": ["x"]}))
+    st.handle(WorkerRequest(0, PsOp.COMMIT, 3, 0, {"keys": ["x"]}))
     return st
 
 
 def _push(st: ServerState, w: int, clock: int, value: float) -> list:
-    return st.handle(Request(w, Op.PUSH, 10, clock, {"pieces": [["x", 0]]}, [np.full(4, value)]))
+    return st.handle(
+        WorkerRequest(w, PsOp.PUSH, 10, clock, {"pieces": [["x", 0]]}, [np.full(4, value)])
+    )
 
 
 def _pull(st: ServerState, w: int, clock: int) -> list:
-    return st.handle(Request(w, Op.PULL, 20 + w, clock, {"pieces": [["x", 0]]}))
+    return st.handle(WorkerRequest(w, PsOp.PULL, 20 + w, clock, {"pieces": [["x", 0]]}))
 
 
 def test_bsp_holds_a_clocks_pushes_until_every_worker_finished_it() -> None:
@@ -132,7 +136,7 @@ def test_bsp_holds_a_clocks_pushes_until_every_worker_finished_it() -> None:
     _push(st, 1, 0, 2.0)
     assert st.shards[("x", 0)][0] == 0.0  # held: worker 2 has not finished clock 0
     for w in W:
-        st.handle(Request(w, Op.CLOCK, 0, 1))
+        st.handle(WorkerRequest(w, PsOp.CLOCK, 0, 1))
     assert st.shards[("x", 0)][0] == 3.0  # default rule Assign: the sum of the clock
     _push(st, 0, 1, 5.0)  # worker 0 runs on at clock 1
     (reply,) = _pull(st, 1, 1)  # a pull at clock 1 sees exactly clock 0
@@ -141,16 +145,18 @@ def test_bsp_holds_a_clocks_pushes_until_every_worker_finished_it() -> None:
 
 def test_ssp_parks_a_pull_too_far_ahead_and_serves_it_when_clocks_move() -> None:
     st = _state(ps.SSP(2))
-    st.handle(Request(0, Op.RULE, 4, 0, {}, [np.frombuffer(pickle.dumps(ps.Sum()), np.uint8)]))
+    st.handle(
+        WorkerRequest(0, PsOp.RULE, 4, 0, {}, [np.frombuffer(pickle.dumps(ps.Sum()), np.uint8)])
+    )
     for c in range(1, 4):
-        st.handle(Request(0, Op.CLOCK, 0, c))
-        st.handle(Request(1, Op.CLOCK, 0, c))
+        st.handle(WorkerRequest(0, PsOp.CLOCK, 0, c))
+        st.handle(WorkerRequest(1, PsOp.CLOCK, 0, c))
     assert _pull(st, 0, 3) == []  # worker 2 at clock 0 < 3 - 2
     assert st.blockers(3) == [2]
     _push(st, 0, 3, 1.0)  # eager under SSP(2)
     assert st.shards[("x", 0)][0] == 1.0
-    (reply,) = st.handle(Request(2, Op.CLOCK, 0, 1))
-    assert reply.worker == 0 and reply.status is Status.OK and reply.arrays[0][0] == 1.0
+    (reply,) = st.handle(WorkerRequest(2, PsOp.CLOCK, 0, 1))
+    assert reply.worker == 0 and reply.status is PsStatus.OK and reply.arrays[0][0] == 1.0
 
 
 def test_parked_pull_expires_naming_the_straggler() -> None:
@@ -159,12 +165,12 @@ def test_parked_pull_expires_naming_the_straggler() -> None:
     st.shards[("x", 0)] = np.zeros(2)
     st.info[("x", 0)] = {"shape": [2], "dtype": "<f8", "start": 0, "stop": 2}
     for w in (0, 1):
-        st.handle(Request(w, Op.CLOCK, 0, 1))
+        st.handle(WorkerRequest(w, PsOp.CLOCK, 0, 1))
     assert _pull(st, 0, 1) == []
     assert st.next_deadline() == 5.0 and st.expire() == []
     now[0] = 6.0
     (err,) = st.expire()
-    assert err.status is Status.ERROR and err.meta["error"] == "CollectiveTimeoutError"
+    assert err.status is PsStatus.ERROR and err.meta["error"] == "CollectiveTimeoutError"
     assert "rank 2 at clock 0" in err.meta["message"] and err.meta["ranks"] == [2]
 
 
@@ -173,29 +179,29 @@ def test_bad_requests_fail_alone_and_leave_data_intact() -> None:
     _push(st, 0, 0, 3.0)
     before = st.shards[("x", 0)].copy()
     bad = [
-        Request(1, Op.PUSH, 5, 0, {"pieces": [["nope", 0]]}, [np.ones(4)]),
-        Request(1, Op.PUSH, 6, 0, {"pieces": [["x", 0]]}, [np.ones(5)]),
-        Request(1, Op.PUSH, 7, 0, {"pieces": [["x", 0]]}, [np.ones(4, np.float32)]),
-        Request(1, Op.PULL, 8, 0, {"pieces": [["nope", 0]]}),
-        Request(1, Op.CLAIM, 9, 0, {"keys": [{"k": "nope"}]}),
-        Request(1, Op.RULE, 10, 0, {}, [np.frombuffer(b"garbage", np.uint8)]),
+        WorkerRequest(1, PsOp.PUSH, 5, 0, {"pieces": [["nope", 0]]}, [np.ones(4)]),
+        WorkerRequest(1, PsOp.PUSH, 6, 0, {"pieces": [["x", 0]]}, [np.ones(5)]),
+        WorkerRequest(1, PsOp.PUSH, 7, 0, {"pieces": [["x", 0]]}, [np.ones(4, np.float32)]),
+        WorkerRequest(1, PsOp.PULL, 8, 0, {"pieces": [["nope", 0]]}),
+        WorkerRequest(1, PsOp.CLAIM, 9, 0, {"keys": [{"k": "nope"}]}),
+        WorkerRequest(1, PsOp.RULE, 10, 0, {}, [np.frombuffer(b"garbage", np.uint8)]),
     ]
     for req in bad:
         (reply,) = st.handle(req)
-        assert reply.status is Status.ERROR and reply.meta["error"] == "InvalidArgumentError"
+        assert reply.status is PsStatus.ERROR and reply.meta["error"] == "InvalidArgumentError"
     np.testing.assert_array_equal(st.shards[("x", 0)], before)
     (ok,) = _pull(st, 2, 0)
-    assert ok.status is Status.OK and ok.arrays[0][0] == 3.0
+    assert ok.status is PsStatus.OK and ok.arrays[0][0] == 3.0
 
 
 def test_lost_worker_fails_parked_and_later_requests() -> None:
     st = _state(ps.BSP())
-    st.handle(Request(0, Op.CLOCK, 0, 1))
+    st.handle(WorkerRequest(0, PsOp.CLOCK, 0, 1))
     assert _pull(st, 0, 1) == []
     (err,) = st.lost(2, "connection closed")
     assert err.worker == 0 and err.meta["error"] == "PeerLostError" and 2 in err.meta["ranks"]
     (later,) = _pull(st, 1, 0)
-    assert later.status is Status.ERROR and "worker rank 2 was lost" in later.meta["message"]
+    assert later.status is PsStatus.ERROR and "worker rank 2 was lost" in later.meta["message"]
     for w in (0, 1):
-        st.handle(Request(w, Op.BYE, 99, 0))
+        st.handle(WorkerRequest(w, PsOp.BYE, 99, 0))
     assert st.finished()

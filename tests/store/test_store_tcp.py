@@ -137,7 +137,7 @@ def test_oversized_header_refused_at_once(server: TCPStoreServer, baseline: int)
 
 def test_truncated_frame_dropped(server: TCPStoreServer, baseline: int) -> None:
     raw = Raw(server)
-    frame = raw.frame(p.encode_body(p.Op.SET, [b"k", b"v" * 100]))
+    frame = raw.frame(p.encode_body(p.StoreOp.SET, [b"k", b"v" * 100]))
     raw.sock.sendall(frame[:60])
     t0 = time.monotonic()
     assert raw.closed_by_server() == b""
@@ -149,7 +149,7 @@ def test_truncated_frame_dropped(server: TCPStoreServer, baseline: int) -> None:
 
 def test_wrong_mac_rejected(server: TCPStoreServer, baseline: int) -> None:
     raw = Raw(server)
-    raw.sock.sendall(raw.frame(p.encode_body(p.Op.SET, [b"evil", b"1"]), secret=b"guess"))
+    raw.sock.sendall(raw.frame(p.encode_body(p.StoreOp.SET, [b"evil", b"1"]), secret=b"guess"))
     assert raw.closed_by_server() == p.REJECT
     raw.close()
     assert server.get_local("evil") is None
@@ -158,7 +158,7 @@ def test_wrong_mac_rejected(server: TCPStoreServer, baseline: int) -> None:
 
 def test_replays_rejected(server: TCPStoreServer, baseline: int) -> None:
     a = Raw(server)
-    frame = a.frame(p.encode_body(p.Op.ADD, [b"ctr", p.i64(1)]))
+    frame = a.frame(p.encode_body(p.StoreOp.ADD, [b"ctr", p.i64(1)]))
     a.sock.sendall(frame)
     head = a.recv_exact(p.HEADER.size)
     (length,) = p.HEADER.unpack(head)
@@ -184,11 +184,11 @@ def test_one_byte_per_interval_client_dropped(
     raw = Raw(server)
     counter = 0
     if authenticated:  # a valid ping first: the slow frame then comes from a known peer
-        raw.sock.sendall(raw.frame(p.encode_body(p.Op.PING, []), 0))
+        raw.sock.sendall(raw.frame(p.encode_body(p.StoreOp.PING, []), 0))
         (length,) = p.HEADER.unpack(raw.recv_exact(p.HEADER.size))
         raw.recv_exact(p.MAC_LEN + length)
         counter = 1
-    frame = raw.frame(p.encode_body(p.Op.SET, [b"slow", b"x" * 20]), counter)
+    frame = raw.frame(p.encode_body(p.StoreOp.SET, [b"slow", b"x" * 20]), counter)
     t0 = time.monotonic()
     dropped = False
     for byte in frame:
@@ -236,9 +236,9 @@ def test_two_hundred_connections(server: TCPStoreServer, baseline: int) -> None:
 
 def test_pipelined_request_while_parked_is_dropped(server: TCPStoreServer, baseline: int) -> None:
     raw = Raw(server)
-    raw.sock.sendall(raw.frame(p.encode_body(p.Op.GET, [b"later", p.f64(10)]), 0))
+    raw.sock.sendall(raw.frame(p.encode_body(p.StoreOp.GET, [b"later", p.f64(10)]), 0))
     time.sleep(0.1)
-    raw.sock.sendall(raw.frame(p.encode_body(p.Op.PING, []), 1))
+    raw.sock.sendall(raw.frame(p.encode_body(p.StoreOp.PING, []), 1))
     assert raw.closed_by_server() == b""
     raw.close()
     assert_healthy(server, baseline)
@@ -340,7 +340,7 @@ def _fake_server(reply: Callable[[socket.socket, bytes], None]) -> tuple[int, th
 def test_client_rejects_answers_it_cannot_authenticate() -> None:
     def forged(conn: socket.socket, nonce: bytes) -> None:
         conn.recv(4096)
-        body = p.encode_body(p.Status.OK, [])
+        body = p.encode_body(p.StoreStatus.OK, [])
         tag = p.mac(b"impostor", p.S2C, nonce, 0, body)
         conn.sendall(p.HEADER.pack(len(body)) + tag + body)
 

@@ -176,3 +176,22 @@ def test_peer_dying_in_a_slot_wait_fails_the_others_promptly() -> None:
     for o in (outs[0], outs[2]):
         assert o.ok, o.describe()
         assert o.value in ("PeerLostError", "AbortedError"), o.value
+
+
+def _large_mismatch() -> str:
+    """Above the slot size the direct shm algorithms run; their rounds sync on the slots,
+    which compare the whole signature: disagreeing ranks fail, every one of them."""
+    n = 64 << 10  # float32 elements: 256 KiB, well above UNISON_SMALL_BYTES
+    try:
+        if un.rank() == 0:
+            un.all_reduce(np.ones(n, np.float32))
+        else:
+            un.broadcast(np.ones(n, np.float32), src=1)
+    except un.MismatchError as exc:
+        return str(exc)
+    raise AssertionError("no mismatch detected")
+
+
+def test_large_mismatch_is_caught_by_the_slot_sync() -> None:
+    msgs = spawn(_large_mismatch, 2, env={"UNISON_TIMEOUT": "30"}, timeout=60)
+    assert any("all_reduce" in m and "broadcast" in m for m in msgs), msgs

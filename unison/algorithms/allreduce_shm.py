@@ -30,7 +30,7 @@ from ..link import Link, SharedLink
 from . import allreduce_ring
 from ._context import OpContext
 from ._schedule import chunks
-from .shm_arena import arena_of, rounds, sync
+from .shm_arena import arena_of, rounds, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
@@ -48,7 +48,7 @@ def cost(p: int, n: int, link: Link) -> float:
         return math.inf
     f = (p - 1) / p
     return (
-        4 * (p - 1) * link.alpha * rounds(n, link)
+        2 * sync_cost(p, link) * rounds(n, link)
         + (2 * f + 1 / p) * n * link.copy
         + f * n * link.gamma
     )

@@ -20,7 +20,7 @@ import numpy as np
 from ..link import Link, SharedLink
 from . import broadcast_binomial
 from ._context import OpContext
-from .shm_arena import arena_of, rounds, sync
+from .shm_arena import arena_of, rounds, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
@@ -35,7 +35,7 @@ NEEDS = (
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    return 2 * (p - 1) * link.alpha * rounds(n, link) + 2 * n * link.copy
+    return sync_cost(p, link) * rounds(n, link) + 2 * n * link.copy
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

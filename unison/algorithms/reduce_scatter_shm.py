@@ -23,7 +23,7 @@ from ..link import Link, SharedLink
 from . import ring_reduce_scatter
 from ._context import OpContext
 from .allreduce_shm import reduce_slice
-from .shm_arena import arena_of, rounds, sync
+from .shm_arena import arena_of, rounds, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
@@ -39,7 +39,7 @@ def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
     f = (p - 1) / p
-    return 2 * (p - 1) * link.alpha * rounds(n, link) + f * n * (link.copy + link.gamma)
+    return sync_cost(p, link) * rounds(n, link) + f * n * (link.copy + link.gamma)
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

@@ -1,5 +1,5 @@
 """What the external engines (``mpi``, ``torch``) share: the runtime of a job whose
-bytes move on such an engine, and the Work over an engine request.
+bytes move on such an engine, and the Work over an engine request (:func:`poll_work`).
 
 The seam itself, :class:`unison.comm.backend.Backend`, lives in ``comm``.
 :class:`BackendRuntime` stands in for the native runtime: identity, world and
@@ -28,92 +28,65 @@ if TYPE_CHECKING:
     from ..comm.backend import Backend
     from ..config import Config
 
-__all__ = ["BackendRuntime", "PollWork", "check_launch", "comm_error"]
+__all__ = ["BackendRuntime", "poll_work", "check_launch", "comm_error"]
 
 
-class PollWork(Work):
+def poll_work(
+    name: str,
+    test: Callable[[], bool],
+    timeout: float,
+    translate: Callable[[BaseException], BaseException],
+    done: Callable[[], Any] | None = None,
+    block: Callable[[], Any] | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
+) -> Work:
     """A Work over an engine request: ``test()`` says done (raising its error), ``done()``
-    post-processes (AVG division, copies), all within the operation's deadline.
+    post-processes (AVG division, copies) and gives the result, all within ``timeout``.
 
-    Waiting polls, yielding the CPU, for the first 2 ms, then backs off from 50 µs to
-    1 ms: engines' blocking waits have no deadline, and unison's calls never hang.
-    ``block``, where the engine has a wait bounded by its own timeout (Gloo, NCCL),
-    serves a wait without a timeout instead of polling.
+    Engines' blocking waits have no deadline and unison's calls never hang, so the
+    request is polled (:class:`Work`'s wait loop yields, then backs off). ``block``, where
+    the engine has a wait bounded by its own timeout (Gloo, NCCL), serves a wait without
+    a timeout instead. ``on_error`` is told when the engine failed or timed out (the
+    group's state is then unknown).
     """
+    deadline = time.monotonic() + timeout
+    lock = threading.Lock()
 
-    def __init__(
-        self,
-        name: str,
-        test: Callable[[], bool],
-        timeout: float,
-        translate: Callable[[BaseException], BaseException],
-        done: Callable[[], Any] | None = None,
-        block: Callable[[], Any] | None = None,
-        on_error: Callable[[BaseException], None] | None = None,
-    ) -> None:
-        super().__init__(name)
-        #: told when the engine failed or timed out (the group's state is then unknown)
-        self._on_error = on_error
-        self._block = block
-        self._test = test
-        self._timeout = timeout
-        self._deadline = time.monotonic() + timeout
-        self._translate = translate
-        self._post = done
-        self._plock = threading.Lock()
+    def fail(work: Work, exc: BaseException) -> None:
+        if on_error is not None and not isinstance(exc, UnsupportedError):
+            on_error(exc)
+        work._finish(error=exc)
 
-    def _poll(self) -> bool:
-        with self._plock:
-            if self._done:
+    def progress(work: Work, budget: float | None) -> bool:
+        if budget is None and block is not None and not work._done:
+            try:
+                block()
+            except BaseException:
+                pass  # test() raises it again, translated, below
+        with lock:
+            if work._done:
                 return True
             try:
-                if not self._test():
-                    if time.monotonic() < self._deadline:
+                if not test():
+                    if time.monotonic() < deadline:
                         return False
-                    self._fail(
+                    fail(
+                        work,
                         CollectiveTimeoutError(
-                            f"{self.name} did not complete within {self._timeout:g}s",
-                            op=self.name,
-                        )
+                            f"{name} did not complete within {timeout:g}s", op=name
+                        ),
                     )
                     return True
-                result = self._post() if self._post is not None else None
+                result = done() if done is not None else None
             except UnisonError as exc:
-                self._finish(error=exc)
+                work._finish(error=exc)
             except BaseException as exc:
-                self._fail(self._translate(exc))
+                fail(work, translate(exc))
             else:
-                self._finish(result)
+                work._finish(result)
             return True
 
-    def _fail(self, exc: BaseException) -> None:
-        if self._on_error is not None and not isinstance(exc, UnsupportedError):
-            self._on_error(exc)
-        self._finish(error=exc)
-
-    def _wait_done(self, timeout: float | None) -> bool:
-        if self._poll():
-            return True
-        if timeout is None and self._block is not None:
-            try:
-                self._block()
-            except BaseException:
-                pass  # test() raises it again, translated, from _poll
-            if self._poll():
-                return True
-        now = time.monotonic()
-        end = None if timeout is None else now + timeout
-        spin_until = now + 2e-3
-        pause = 0.0
-        while True:
-            now = time.monotonic()
-            if end is not None and now >= end:
-                return self._poll()
-            time.sleep(pause)  # sleep(0) yields the processor
-            if now >= spin_until:
-                pause = min(max(pause * 2, 5e-5), 1e-3)
-            if self._poll():
-                return True
+    return Work(name, progress=progress, polled=True)
 
 
 #: how to start a job on each external engine, for the refusal below
@@ -165,6 +138,8 @@ class BackendRuntime:
         self._next_gid = 1
         self._lock = threading.Lock()
         self.world = Group(0, range(size), rank, config, backend)
+        #: every group of this runtime, by id
+        self.groups: dict[int, Group] = {0: self.world}
 
     def new_group(self, ranks: Sequence[int] | None) -> Group:
         members = check_members(ranks, self.size)
@@ -172,7 +147,9 @@ class BackendRuntime:
             gid = self._next_gid
             self._next_gid += 1
         self.backend.new_group(gid, members)
-        return Group(gid, members, self.rank, self.config, self.backend)
+        g = Group(gid, members, self.rank, self.config, self.backend)
+        self.groups[gid] = g
+        return g
 
     def report_failure(self, text: str) -> None:
         """Failures are reported by the engine's own launcher (mpirun, torchrun)."""

@@ -19,7 +19,7 @@ from .._types import ReduceOp
 from ..buffers import Buffer, DType, finalize_average
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
-from .base import BackendRuntime, PollWork, check_launch, comm_error
+from .base import BackendRuntime, check_launch, comm_error, poll_work
 
 if TYPE_CHECKING:
     from ..comm.group import Group
@@ -107,7 +107,7 @@ class MPIBackend:
         except self.MPI.Exception as exc:
             raise comm_error("mpi", name, exc) from exc
         Testall = self.MPI.Request.Testall
-        work = PollWork(
+        work = poll_work(
             name,
             lambda: bool(Testall(reqs)),
             self.timeout,
@@ -254,7 +254,7 @@ class MPIBackend:
             req = c.Isend(_bytes(b.array), dest, t)
         except self.MPI.Exception as exc:
             raise comm_error("mpi", name, exc) from exc
-        return PollWork(name, req.Test, self.timeout, lambda e: comm_error("mpi", name, e))
+        return poll_work(name, req.Test, self.timeout, lambda e: comm_error("mpi", name, e))
 
     def irecv(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         c, src, t = self._c(comm), comm.ranks.index(peer), self._tag(tag)
@@ -286,7 +286,7 @@ class MPIBackend:
                 )
             return comm_error("mpi", name, e)
 
-        return PollWork(name, lambda: bool(req.Test(status)), self.timeout, translate, done)
+        return poll_work(name, lambda: bool(req.Test(status)), self.timeout, translate, done)
 
     # --- groups ----------------------------------------------------------------------------------
     def new_group(self, gid: int, ranks: Sequence[int]) -> None:

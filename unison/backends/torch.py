@@ -26,7 +26,7 @@ from .._types import ReduceOp
 from ..buffers import Buffer, DType, finalize_average, is_torch_tensor
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
-from .base import BackendRuntime, PollWork, check_launch, comm_error
+from .base import BackendRuntime, check_launch, comm_error, poll_work
 
 if TYPE_CHECKING:
     from ..comm.group import Group
@@ -179,7 +179,7 @@ class TorchBackend:
             raise self._error(name, exc) from exc
         if p2p:
             # Gloo's send/recv works report completion only from wait(): a helper thread
-            # waits (bounded by the process group's own timeout) and PollWork watches it.
+            # waits (bounded by the process group's own timeout) and poll_work watches it.
             flag = threading.Event()
             errors: list[BaseException] = []
 
@@ -200,7 +200,7 @@ class TorchBackend:
                     raise errors[0]
                 return True
 
-            return PollWork(name, p2p_test, self.timeout, lambda e: self._error(name, e), done)
+            return poll_work(name, p2p_test, self.timeout, lambda e: self._error(name, e), done)
 
         def test() -> bool:
             if not all(w.is_completed() for w in works):
@@ -213,7 +213,7 @@ class TorchBackend:
             for w in works:
                 w.wait()  # bounded by the process group's timeout (the job's)
 
-        return PollWork(
+        return poll_work(
             name,
             test,
             self.timeout,

@@ -129,7 +129,9 @@ def recv(
     the first message to arrive; messages of one sender arrive in the order sent."""
     w = irecv(tensor, src, tag, group)
     w.wait()
-    return int(getattr(getattr(w, "_req", None), "peer", src if src is not None else -1))
+    if w.source is not None:
+        return w.source
+    return src if src is not None else -1
 
 
 def isend(tensor: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> Work:

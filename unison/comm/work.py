@@ -1,16 +1,39 @@
-"""``Work``: the handle of an operation in flight (torch.distributed's name)."""
+"""``Work``: the handle of an operation in flight (torch.distributed's name).
+
+Every engine returns a :class:`Work`; they differ only in how the operation makes
+progress, which the engine passes in as ``progress`` (see :class:`Work`). The one
+wait loop (:meth:`Work._wait_done`) serves them all: a caller's timeout, bounded
+progress steps, and a back-off between polls of engines that can only be tested,
+so no wait ever busy-spins or outlives its deadline.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._completion import Completion
 from ..errors import CollectiveTimeoutError
 
-__all__ = ["Work"]
+__all__ = ["Progress", "Work", "joined"]
 
-_LOCK = threading.Lock()  # guards each Work's done flag and its lazily made event
+#: ``progress(work, budget)``: drive or test the operation for at most ``budget``
+#: seconds (None: the caller waits without a timeout), finishing ``work``
+#: (:meth:`Work._finish`) when the operation ends, its own deadline included;
+#: returns whether ``work`` is finished.
+Progress = Callable[["Work", "float | None"], bool]
+
+_SPIN_S = 2e-3  # polled engines: yield between tests this long, then back off
+_PAUSE_MIN_S = 5e-5
+_PAUSE_MAX_S = 1e-3
+_CALLBACKS = threading.Lock()  # guards every Work's list of done callbacks
+
+
+def _pushed(work: Work, budget: float | None) -> bool:
+    """Progress of an operation another thread finishes: sleep until it does."""
+    return work._state.wait_done(budget)
 
 
 class Work:
@@ -20,16 +43,31 @@ class Work:
     error; with a timeout it raises :class:`CollectiveTimeoutError` if the
     operation has not finished by then (the operation itself goes on until its
     own deadline). ``is_completed()`` and ``exception()`` never block.
+
+    Engines make one with ``launch(inline)`` (starts it; the shared layer calls it
+    once) and/or ``progress`` (:data:`Progress`; default: another thread calls
+    :meth:`_finish`). ``polled``: ``progress`` only tests and returns at once, so the
+    wait loop yields, then backs off from 50 µs to 1 ms, between calls.
     """
 
-    def __init__(self, name: str, launch: Callable[[bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        launch: Callable[[bool], None] | None = None,
+        *,
+        progress: Progress | None = None,
+        polled: bool = False,
+        result: Any = None,
+    ) -> None:
         self.name = name
         #: starts the operation (``launch(inline)``); None once started or if it runs already
         self._launch = launch
-        self._done = False
-        self._event: threading.Event | None = None  # made only if someone must block
-        self._error: BaseException | None = None
-        self._result: Any = None
+        self._progress: Progress = _pushed if progress is None else progress
+        self._polled = polled
+        self._state = Completion()
+        self._result: Any = result
+        #: the sender of a receive (a global rank), once it finished; None otherwise
+        self.source: int | None = None
 
     # --- start and completion (called by the shared layer and the engine) -----------
     def _start(self, inline: bool) -> None:
@@ -41,39 +79,55 @@ class Work:
             launch(inline)
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        with _LOCK:
+        """End the operation (the first call wins)."""
+        if not self._state.done():
             self._result = result
-            self._error = error
-            self._done = True
-            event = self._event
-            callbacks = self.__dict__.pop("_callbacks", ())
-        if event is not None:
-            event.set()
-        for fn in callbacks:
-            fn(self)
+        if self._state.complete(error):
+            with _CALLBACKS:
+                callbacks = self.__dict__.pop("_callbacks", ())
+            for fn in callbacks:
+                fn(self)
 
     def add_done_callback(self, fn: Callable[[Work], None]) -> None:
         """Run ``fn(self)`` once the operation finishes, on the thread that finishes it
-        (here and now if it has). Only an operation an engine finishes calls it unasked;
-        a point-to-point request finishes when someone waits on it."""
-        with _LOCK:
-            if not self._done:
+        (here and now if it has). Only an operation another thread finishes (see
+        :attr:`pushed`) calls it unasked; the others finish while someone waits."""
+        with _CALLBACKS:
+            if not self._state.done():
                 self.__dict__.setdefault("_callbacks", []).append(fn)
                 return
         fn(self)
 
+    @property
+    def pushed(self) -> bool:
+        """True when the engine finishes the operation from its own thread."""
+        return self._progress is _pushed
+
+    @property
+    def _done(self) -> bool:
+        return self._state.done()
+
     def _wait_done(self, timeout: float | None) -> bool:
-        if self._done:
+        """The one wait loop: True once finished, False if ``timeout`` passed first."""
+        if self._state.done():
             return True
-        if self._launch is not None:
-            self._start(False)
-        with _LOCK:
-            if self._done:
+        self._start(False)
+        now = time.monotonic()
+        end = None if timeout is None else now + timeout
+        spin_until = now + _SPIN_S
+        pause = 0.0
+        while True:
+            left = None if end is None else max(end - now, 0.0)
+            if self._progress(self, left) or self._state.done():
                 return True
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return event.wait(timeout)
+            now = time.monotonic()
+            if end is not None and now >= end:
+                return False
+            if self._polled:
+                time.sleep(pause)  # sleep(0) yields the processor
+                if now >= spin_until:
+                    pause = min(max(pause * 2, _PAUSE_MIN_S), _PAUSE_MAX_S)
+                now = time.monotonic()
 
     # --- public ------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> bool:
@@ -83,19 +137,19 @@ class Work:
                 f"{self.name} did not complete within {timeout:g}s (Work.wait timeout)",
                 op=self.name,
             )
-        if self._error is not None:
-            raise self._error
+        if self._state.error is not None:
+            raise self._state.error
         return True
 
     def is_completed(self) -> bool:
         return self._wait_done(0)
 
     def is_success(self) -> bool:
-        return self.is_completed() and self._error is None
+        return self.is_completed() and self._state.error is None
 
     def exception(self) -> BaseException | None:
         """The error the operation failed with, or None (also while it runs)."""
-        return self._error if self.is_completed() else None
+        return self._state.error if self.is_completed() else None
 
     def result(self) -> Any:
         """What the operation produced (after :meth:`wait`), e.g. the buffers it filled."""
@@ -103,5 +157,23 @@ class Work:
         return self._result
 
     def __repr__(self) -> str:
-        state = "pending" if not self.is_completed() else ("failed" if self._error else "done")
+        state = "pending" if not self.is_completed() else ("failed" if self.exception() else "done")
         return f"<Work {self.name} {state}>"
+
+
+def joined(name: str, parts: Sequence[Work], result: Any = None) -> Work:
+    """One operation made of ``parts``: it finishes when every part has, failing with
+    the first part's error, else with ``result``."""
+    parts = list(parts)
+
+    def progress(work: Work, budget: float | None) -> bool:
+        end = None if budget is None else time.monotonic() + budget
+        for p in parts:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not p._wait_done(left):
+                return False
+        err = next((e for e in (p.exception() for p in parts) if e is not None), None)
+        work._finish(result, err)
+        return True
+
+    return Work(name, progress=progress)

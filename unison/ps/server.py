@@ -35,12 +35,12 @@ from ..errors import (
 )
 from ..log import get_logger
 from .consistency import Consistency
-from .state import Reply, Request, ServerState
+from .state import Reply, ServerState, WorkerRequest
 from .wire import (
     HEADER,
     TAG_REPLY,
     TAG_REQUEST,
-    Op,
+    PsOp,
     pack_header,
     pack_meta,
     unpack_header,
@@ -98,14 +98,14 @@ class Server:
         self.rank = comm.global_rank
         self.timeout = timeout
         self.state = ServerState(index, self.rank, workers, policy, park_timeout=0.8 * timeout)
-        self.inbox: queue.Queue[Request | _Lost] = queue.Queue()
+        self.inbox: queue.Queue[WorkerRequest | _Lost] = queue.Queue()
         self.sends: deque[Work] = deque()
 
     # --- receiving (one thread per worker) -------------------------------------------------
     def _recv(self, buf: np.ndarray, worker: int) -> None:
         self.comm.irecv(buf, worker, TAG_REQUEST).wait()
 
-    def _read(self, worker: int) -> Request:
+    def _read(self, worker: int) -> WorkerRequest:
         hdr = np.empty(HEADER.size, np.uint8)
         try:
             self._recv(hdr, worker)
@@ -115,7 +115,7 @@ class Server:
                 ranks=(worker,),
             ) from None
         op, count, req_id, clock, meta_len = unpack_header(hdr)
-        req = Request(worker, op, req_id, clock)
+        req = WorkerRequest(worker, op, req_id, clock)
         if meta_len:
             raw = np.empty(meta_len, np.uint8)
             self._recv(raw, worker)
@@ -153,7 +153,7 @@ class Server:
                 self.inbox.put(_Lost(worker, f"receiving failed: {exc!r}"))
                 return
             self.inbox.put(req)
-            if req.op == Op.BYE:
+            if req.op == PsOp.BYE:
                 return
 
     # --- sending ---------------------------------------------------------------------------

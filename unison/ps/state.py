@@ -20,15 +20,15 @@ from ..errors import CollectiveTimeoutError, CommunicationError, InvalidArgument
 from . import checkpoint
 from .consistency import DONE, Consistency
 from .rules import Assign, Rule
-from .wire import Op, Status, encode_error
+from .wire import PsOp, PsStatus, encode_error
 
-__all__ = ["Reply", "Request", "ServerState"]
+__all__ = ["Reply", "WorkerRequest", "ServerState"]
 
 PieceKey = tuple[str, int]
 
 
 @dataclass
-class Request:
+class WorkerRequest:
     """A decoded request from worker rank ``worker``."""
 
     worker: int
@@ -44,7 +44,7 @@ class Request:
 class Reply:
     worker: int
     req_id: int
-    status: Status
+    status: PsStatus
     meta: dict[str, Any] = field(default_factory=dict)
     arrays: list[np.ndarray] = field(default_factory=list)
 
@@ -59,7 +59,7 @@ class _KeyMeta:
 
 @dataclass
 class _Parked:
-    req: Request
+    req: WorkerRequest
     deadline: float
     ready: Callable[[], bool]
     serve: Callable[[], Reply]
@@ -116,32 +116,32 @@ class ServerState:
         ]
 
     # --- entry points ---------------------------------------------------------------------
-    def handle(self, req: Request) -> list[Reply]:
+    def handle(self, req: WorkerRequest) -> list[Reply]:
         out: list[Reply] = []
-        if req.op == Op.BYE:
+        if req.op == PsOp.BYE:
             return self._bye(req)
         if req.error is not None:
             return [self._error(req, req.error)]
         if self.failure is not None:
-            return [] if req.op == Op.CLOCK else [self._error(req, self.failure)]
+            return [] if req.op == PsOp.CLOCK else [self._error(req, self.failure)]
         try:
-            if req.op == Op.CLOCK:
+            if req.op == PsOp.CLOCK:
                 self.clocks[req.worker] = max(self.clocks[req.worker], req.clock)
-            elif req.op == Op.CLAIM:
+            elif req.op == PsOp.CLAIM:
                 out.extend(self._claim(req))
-            elif req.op == Op.INIT:
+            elif req.op == PsOp.INIT:
                 out.append(self._init(req))
-            elif req.op == Op.COMMIT:
+            elif req.op == PsOp.COMMIT:
                 out.append(self._commit(req))
-            elif req.op == Op.PUSH:
+            elif req.op == PsOp.PUSH:
                 out.append(self._push(req))
-            elif req.op == Op.PULL:
+            elif req.op == PsOp.PULL:
                 out.extend(self._pull(req))
-            elif req.op == Op.RULE:
+            elif req.op == PsOp.RULE:
                 out.append(self._set_rule(req))
-            elif req.op == Op.SAVE:
+            elif req.op == PsOp.SAVE:
                 out.append(self._save(req))
-            elif req.op == Op.BARRIER:
+            elif req.op == PsOp.BARRIER:
                 out.extend(self._barrier(req))
             else:
                 raise _bad(f"unknown request op {req.op}")
@@ -184,13 +184,13 @@ class ServerState:
         return min((p.deadline for p in self.parked), default=None)
 
     # --- requests -------------------------------------------------------------------------
-    def _error(self, req: Request, exc: BaseException) -> Reply:
-        return Reply(req.worker, req.req_id, Status.ERROR, encode_error(exc))
+    def _error(self, req: WorkerRequest, exc: BaseException) -> Reply:
+        return Reply(req.worker, req.req_id, PsStatus.ERROR, encode_error(exc))
 
-    def _ok(self, req: Request, meta: dict[str, Any] | None = None) -> Reply:
-        return Reply(req.worker, req.req_id, Status.OK, meta or {})
+    def _ok(self, req: WorkerRequest, meta: dict[str, Any] | None = None) -> Reply:
+        return Reply(req.worker, req.req_id, PsStatus.OK, meta or {})
 
-    def _bye(self, req: Request) -> list[Reply]:
+    def _bye(self, req: WorkerRequest) -> list[Reply]:
         out = [self._ok(req)]
         if req.meta.get("failed"):
             why = str(req.meta.get("reason", "unknown error"))
@@ -200,7 +200,7 @@ class ServerState:
             out.extend(self._progress())
         return out
 
-    def _claim(self, req: Request) -> list[Reply]:
+    def _claim(self, req: WorkerRequest) -> list[Reply]:
         keys = req.meta.get("keys", [])
         for k in keys:
             name = str(k["k"])
@@ -228,7 +228,7 @@ class ServerState:
 
         return self._park_or_serve(req, ready, serve, "init_params/lookup")
 
-    def _init(self, req: Request) -> Reply:
+    def _init(self, req: WorkerRequest) -> Reply:
         pieces = req.meta.get("pieces", [])
         if len(pieces) != len(req.arrays):
             raise _bad("init: metadata and arrays disagree")
@@ -246,7 +246,7 @@ class ServerState:
             }
         return self._ok(req)
 
-    def _commit(self, req: Request) -> Reply:
+    def _commit(self, req: WorkerRequest) -> Reply:
         for name in req.meta.get("keys", []):
             m = self.metas.get(str(name))
             if m is None or m.owner != req.worker:
@@ -254,7 +254,7 @@ class ServerState:
             m.committed = True
         return self._ok(req)
 
-    def _pieces(self, req: Request, what: str) -> list[PieceKey]:
+    def _pieces(self, req: WorkerRequest, what: str) -> list[PieceKey]:
         out = []
         for spec in req.meta.get("pieces", []):
             pk = (str(spec[0]), int(spec[1]))
@@ -266,7 +266,7 @@ class ServerState:
             out.append(pk)
         return out
 
-    def _push(self, req: Request) -> Reply:
+    def _push(self, req: WorkerRequest) -> Reply:
         pks = self._pieces(req, "push")
         if len(pks) != len(req.arrays):
             raise _bad("push: metadata and arrays disagree")
@@ -289,21 +289,21 @@ class ServerState:
         self.stats["push"] += 1
         return self._ok(req)
 
-    def _pull(self, req: Request) -> list[Reply]:
+    def _pull(self, req: WorkerRequest) -> list[Reply]:
         pks = self._pieces(req, "pull")
 
         def serve() -> Reply:
             arrays = [self.shards[pk].copy() for pk in pks]
             self.stats["pull"] += 1
             self.stats["bytes_out"] += sum(a.nbytes for a in arrays)
-            return Reply(req.worker, req.req_id, Status.OK, {}, arrays)
+            return Reply(req.worker, req.req_id, PsStatus.OK, {}, arrays)
 
         def ready() -> bool:
             return self.policy.pull_ready(req.clock, self.slowest())
 
         return self._park_or_serve(req, ready, serve, "pull")
 
-    def _barrier(self, req: Request) -> list[Reply]:
+    def _barrier(self, req: WorkerRequest) -> list[Reply]:
         self.barriers[req.worker] += 1
         n = self.barriers[req.worker]
 
@@ -312,7 +312,7 @@ class ServerState:
 
         return self._park_or_serve(req, ready, lambda: self._ok(req), "barrier")
 
-    def _set_rule(self, req: Request) -> Reply:
+    def _set_rule(self, req: WorkerRequest) -> Reply:
         if len(req.arrays) != 1:
             raise _bad("set_optimizer: expected one pickled rule")
         try:
@@ -327,7 +327,7 @@ class ServerState:
         self.rule = rule
         return self._ok(req)
 
-    def _save(self, req: Request) -> Reply:
+    def _save(self, req: WorkerRequest) -> Reply:
         path = str(req.meta.get("path", ""))
         try:
             name = checkpoint.write_server(path, self.index, self.shards, self.info)
@@ -338,7 +338,7 @@ class ServerState:
 
     # --- progress: apply held pushes, answer parked requests --------------------------------
     def _park_or_serve(
-        self, req: Request, ready: Callable[[], bool], serve: Callable[[], Reply], what: str
+        self, req: WorkerRequest, ready: Callable[[], bool], serve: Callable[[], Reply], what: str
     ) -> list[Reply]:
         self._apply_ready()
         if ready():

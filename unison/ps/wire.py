@@ -36,8 +36,8 @@ __all__ = [
     "HEADER",
     "TAG_REPLY",
     "TAG_REQUEST",
-    "Op",
-    "Status",
+    "PsOp",
+    "PsStatus",
     "decode_error",
     "encode_error",
     "pack_header",
@@ -54,7 +54,7 @@ TAG_REPLY = 0x50530002
 HEADER = struct.Struct("<IIQqQ")
 
 
-class Op(enum.IntEnum):
+class PsOp(enum.IntEnum):
     CLAIM = 1  # look keys up at their home; claim the unknown ones (init_params)
     INIT = 2  # the first value of pieces a worker claimed
     COMMIT = 3  # claimed keys are complete on every server
@@ -67,7 +67,7 @@ class Op(enum.IntEnum):
     BYE = 9  # the worker leaves (metadata 'failed': it is exiting with an error)
 
 
-class Status(enum.IntEnum):
+class PsStatus(enum.IntEnum):
     OK = 0
     ERROR = 1
 

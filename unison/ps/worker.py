@@ -19,14 +19,14 @@ import numpy as np
 
 from ..buffers import DType, as_buffer
 from ..comm.group import Group
-from ..comm.work import Work
+from ..comm.work import Work, joined
 from ..errors import InvalidArgumentError
 from . import checkpoint
-from .channel import Call, Channel, Joined
+from .connection import ServerConnection
 from .consistency import Consistency
 from .partition import Piece, home, layout
 from .rules import Rule
-from .wire import Op
+from .wire import PsOp
 
 __all__ = ["KVStore"]
 
@@ -70,7 +70,7 @@ class KVStore:
         self.split_bytes = split_bytes
         self._clock = 0
         self._metas: dict[str, _Meta] = {}
-        self._channels = [Channel(comm, s, i) for i, s in enumerate(self.servers)]
+        self._servers = [ServerConnection(comm, s, i) for i, s in enumerate(self.servers)]
         self._closed = False
 
     def __repr__(self) -> str:
@@ -99,7 +99,7 @@ class KVStore:
 
     def _claim(
         self, keys: Mapping[str, tuple[tuple[int, ...], str] | None], what: str = "init_params"
-    ) -> list[Call]:
+    ) -> list[Work]:
         """Ask each key's home about it (claiming the ones given a shape); one call per home.
         ``what`` is the user's operation, which an error names."""
         by_home: dict[int, list[dict[str, Any]]] = {}
@@ -109,7 +109,7 @@ class KVStore:
                 entry["shape"], entry["dtype"] = list(spec[0]), spec[1]
             by_home.setdefault(home(name, self.num_servers), []).append(entry)
         return [
-            self._channels[h].request(Op.CLAIM, what, self._clock, {"keys": entries})
+            self._servers[h].request(PsOp.CLAIM, what, self._clock, {"keys": entries})
             for h, entries in sorted(by_home.items())
         ]
 
@@ -155,8 +155,8 @@ class KVStore:
                     won.append(name)
             if won:
                 self._send_initial(won, bufs)
-                home_channel = self._channels[home(won[0], self.num_servers)]
-                home_channel.request(Op.COMMIT, "init_params", self._clock, {"keys": won}).wait()
+                home_channel = self._servers[home(won[0], self.num_servers)]
+                home_channel.request(PsOp.COMMIT, "init_params", self._clock, {"keys": won}).wait()
         out = {
             k: params[k]
             for k in names
@@ -176,8 +176,8 @@ class KVStore:
                 )
                 arrays.append(flat[p.start : p.stop])
         calls = [
-            self._channels[s].request(
-                Op.INIT,
+            self._servers[s].request(
+                PsOp.INIT,
                 "init_params",
                 self._clock,
                 {"pieces": specs, "arrays": [[a.dtype.str, a.size] for a in arrays]},
@@ -211,8 +211,8 @@ class KVStore:
                 specs.append([name, p.index])
                 arrays.append(b.array[p.start : p.stop])
         calls = [
-            self._channels[s].request(
-                Op.PUSH,
+            self._servers[s].request(
+                PsOp.PUSH,
                 "push",
                 self._clock,
                 {"pieces": specs, "arrays": [[a.dtype.str, a.size] for a in arrays]},
@@ -220,7 +220,7 @@ class KVStore:
             )
             for s, (specs, arrays) in sorted(per_server.items())
         ]
-        return Joined(f"push {names}", calls, lambda parts: None)
+        return joined(f"push {names}", calls)
 
     def push(self, grads: Mapping[str, Any]) -> None:
         """Push ``{key: value}`` and wait until every server has it (see :meth:`ipush`)."""
@@ -261,10 +261,10 @@ class KVStore:
                 specs.append([name, p.index])
                 sinks.append(flat[p.start : p.stop])
         calls = [
-            self._channels[s].request(Op.PULL, "pull", self._clock, {"pieces": specs}, sinks=sinks)
+            self._servers[s].request(PsOp.PULL, "pull", self._clock, {"pieces": specs}, sinks=sinks)
             for s, (specs, sinks) in sorted(per_server.items())
         ]
-        return Joined(f"pull {names}", calls, lambda parts: result)
+        return joined(f"pull {names}", calls, result)
 
     def pull(
         self, keys: str | Iterable[str] | Mapping[str, Any], out: Mapping[str, Any] | None = None
@@ -279,14 +279,14 @@ class KVStore:
         """End this worker's current step; returns the new clock."""
         self._check_open("clock")
         self._clock += 1
-        for ch in self._channels:
-            ch.notify(Op.CLOCK, self._clock)
+        for ch in self._servers:
+            ch.notify(PsOp.CLOCK, self._clock)
         return self._clock
 
     def barrier(self) -> None:
         """Wait until every worker still in the job has called ``barrier`` as many times."""
         self._check_open("barrier")
-        self._channels[0].request(Op.BARRIER, "barrier", self._clock).wait()
+        self._servers[0].request(PsOp.BARRIER, "barrier", self._clock).wait()
 
     # --- configuration, placement, checkpoints ------------------------------------------------
     def set_optimizer(self, rule: Rule) -> None:
@@ -301,7 +301,8 @@ class KVStore:
         blob = blob.copy()
         meta = {"arrays": [[blob.dtype.str, blob.size]]}
         calls = [
-            ch.request(Op.RULE, "set_optimizer", self._clock, meta, [blob]) for ch in self._channels
+            ch.request(PsOp.RULE, "set_optimizer", self._clock, meta, [blob])
+            for ch in self._servers
         ]
         for c in calls:
             c.wait()
@@ -320,7 +321,9 @@ class KVStore:
         """Each server writes its pieces under directory ``path`` (read with :func:`load`)."""
         self._check_open("save")
         where = os.path.abspath(os.fspath(path))
-        calls = [ch.request(Op.SAVE, "save", self._clock, {"path": where}) for ch in self._channels]
+        calls = [
+            ch.request(PsOp.SAVE, "save", self._clock, {"path": where}) for ch in self._servers
+        ]
         keys: dict[str, dict[str, Any]] = {}
         for c in calls:
             c.wait()
@@ -334,13 +337,13 @@ class KVStore:
             return
         self._closed = True
         meta = {"failed": True, "reason": repr(error)[:500]} if error is not None else None
-        calls = [ch.request(Op.BYE, "close", self._clock, meta) for ch in self._channels]
+        calls = [ch.request(PsOp.BYE, "close", self._clock, meta) for ch in self._servers]
         for c in calls:
             try:
                 c.wait()
             except Exception:
                 pass
-        for ch in self._channels:
+        for ch in self._servers:
             ch.close()
 
     def __enter__(self) -> KVStore:

@@ -17,8 +17,8 @@ from . import _proto as p
 
 __all__ = ["KVState", "Parked", "Reply"]
 
-Reply = tuple[p.Status, list[bytes]]
-_OK: p.Status = p.Status.OK
+Reply = tuple[p.StoreStatus, list[bytes]]
+_OK: p.StoreStatus = p.StoreStatus.OK
 
 
 class Parked:
@@ -26,7 +26,7 @@ class Parked:
 
     __slots__ = ("deadline", "done", "keys", "missing", "op", "owner")
 
-    def __init__(self, owner: object, op: p.Op, keys: list[str], deadline: float) -> None:
+    def __init__(self, owner: object, op: p.StoreOp, keys: list[str], deadline: float) -> None:
         self.owner = owner
         self.op = op
         self.keys = keys
@@ -62,28 +62,28 @@ class KVState:
         return done
 
     # -- requests ---------------------------------------------------------------------
-    def request(self, owner: object, op: p.Op, f: list[bytes], now: float) -> Reply | Parked:
+    def request(self, owner: object, op: p.StoreOp, f: list[bytes], now: float) -> Reply | Parked:
         """Answer or park one request; raises :class:`~._proto.ProtocolError` if malformed."""
-        if op is p.Op.PING:
+        if op is p.StoreOp.PING:
             return _OK, []
-        if op is p.Op.SET:
+        if op is p.StoreOp.SET:
             _arity(op, f, 2)
             self._store(p.parse_key(f[0]), f[1])
             return _OK, []
-        if op is p.Op.GET:
+        if op is p.StoreOp.GET:
             _arity(op, f, 2)
             key, timeout = p.parse_key(f[0]), p.parse_f64(f[1])
             value = self.get(key)
             if value is not None:
                 return _OK, [value]
             return self._park(owner, op, [key], timeout, now)
-        if op is p.Op.ADD:
+        if op is p.StoreOp.ADD:
             _arity(op, f, 2)
             return self._add(p.parse_key(f[0]), p.parse_i64(f[1]))
-        if op is p.Op.CAS:
+        if op is p.StoreOp.CAS:
             _arity(op, f, 3)
             return self._cas(p.parse_key(f[0]), f[1], f[2])
-        if op is p.Op.WAIT:
+        if op is p.StoreOp.WAIT:
             if not f:
                 raise p.ProtocolError("WAIT needs a timeout field")
             timeout = p.parse_f64(f[0])
@@ -91,17 +91,17 @@ class KVState:
             with self._lock:
                 missing = [k for k in keys if k not in self._data]
             return self._park(owner, op, missing, timeout, now) if missing else (_OK, [])
-        if op is p.Op.CHECK:
+        if op is p.StoreOp.CHECK:
             keys = [p.parse_key(k) for k in f]
             with self._lock:
                 present = all(k in self._data for k in keys)
             return _OK, [b"\x01" if present else b"\x00"]
-        if op is p.Op.DELETE:
+        if op is p.StoreOp.DELETE:
             _arity(op, f, 1)
             with self._lock:
                 existed = self._data.pop(p.parse_key(f[0]), None) is not None
             return _OK, [b"\x01" if existed else b"\x00"]
-        if op is p.Op.NUM_KEYS:
+        if op is p.StoreOp.NUM_KEYS:
             with self._lock:
                 return _OK, [p.i64(len(self._data))]
         raise p.ProtocolError(f"unhandled op {op!r}")  # pragma: no cover
@@ -112,15 +112,15 @@ class KVState:
         for waiter in list(self._waiters.get(key, ())):
             waiter.missing.discard(key)
             if not waiter.missing:
-                self._complete(waiter, (_OK, [value] if waiter.op is p.Op.GET else []))
+                self._complete(waiter, (_OK, [value] if waiter.op is p.StoreOp.GET else []))
 
     def _add(self, key: str, amount: int) -> Reply:
         try:
             new = int((self.get(key) or b"0").decode("ascii")) + amount
         except (UnicodeDecodeError, ValueError):
-            return p.Status.ERROR, [f"value of {key!r} is not an integer".encode()]
+            return p.StoreStatus.ERROR, [f"value of {key!r} is not an integer".encode()]
         if not -(1 << 63) <= new < (1 << 63):
-            return p.Status.ERROR, [f"counter {key!r} overflows int64".encode()]
+            return p.StoreStatus.ERROR, [f"counter {key!r} overflows int64".encode()]
         self._store(key, str(new).encode())
         return _OK, [p.i64(new)]
 
@@ -133,10 +133,10 @@ class KVState:
 
     # -- parking ----------------------------------------------------------------------
     def _park(
-        self, owner: object, op: p.Op, keys: list[str], timeout: float, now: float
+        self, owner: object, op: p.StoreOp, keys: list[str], timeout: float, now: float
     ) -> Reply | Parked:
         if timeout <= 0:
-            return p.Status.TIMEOUT, [k.encode() for k in keys]
+            return p.StoreStatus.TIMEOUT, [k.encode() for k in keys]
         waiter = Parked(owner, op, keys, now + min(timeout, 1e9))
         for k in keys:
             self._waiters.setdefault(k, set()).add(waiter)
@@ -149,7 +149,7 @@ class KVState:
             _, _, waiter = heapq.heappop(self._heap)
             if not waiter.done:
                 missing = [k.encode() for k in waiter.keys if k in waiter.missing]
-                self._complete(waiter, (p.Status.TIMEOUT, missing))
+                self._complete(waiter, (p.StoreStatus.TIMEOUT, missing))
 
     def cancel(self, waiter: Parked) -> None:
         """Forget a parked request (its connection went away)."""
@@ -166,6 +166,6 @@ class KVState:
         self._completed.append((waiter, reply))
 
 
-def _arity(op: p.Op, fields: list[bytes], n: int) -> None:
+def _arity(op: p.StoreOp, fields: list[bytes], n: int) -> None:
     if len(fields) != n:
         raise p.ProtocolError(f"{op.name} takes {n} fields, got {len(fields)}")

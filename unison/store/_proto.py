@@ -39,9 +39,9 @@ __all__ = [
     "MAX_FRAME",
     "NONCE_LEN",
     "REJECT",
-    "Op",
+    "StoreOp",
     "ProtocolError",
-    "Status",
+    "StoreStatus",
     "decode_body",
     "encode_body",
     "f64",
@@ -76,7 +76,7 @@ class ProtocolError(ValueError):
     """A frame or body that does not follow the wire format."""
 
 
-class Op(enum.IntEnum):
+class StoreOp(enum.IntEnum):
     PING = 1
     SET = 2
     GET = 3  # key, f64 timeout
@@ -88,7 +88,7 @@ class Op(enum.IntEnum):
     NUM_KEYS = 9
 
 
-class Status(enum.IntEnum):
+class StoreStatus(enum.IntEnum):
     OK = 0
     TIMEOUT = 1  # fields: the keys still missing
     ERROR = 2  # field: message

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import abc
 import math
-import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TypeVar
@@ -110,7 +109,3 @@ def missing_keys_error(where: str, keys: Sequence[str], timeout: float) -> Store
     more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
     noun = "key" if len(keys) == 1 else "keys"
     return StoreTimeoutError(f"{where}: {noun} {shown}{more} not set within {timeout:g} s")
-
-
-def deadline_after(timeout: float) -> float:
-    return time.monotonic() + timeout

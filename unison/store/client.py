@@ -50,7 +50,7 @@ class TCPStore(Store):
         self._sock = self._connect(host, port, wait)
         try:
             self._nonce = self._handshake(min(wait, 30.0) if wait > 0 else 30.0)
-            self._request(p.Op.PING, [], first=True)
+            self._request(p.StoreOp.PING, [], first=True)
         except BaseException:
             self._sock.close()
             raise
@@ -97,8 +97,8 @@ class TCPStore(Store):
         return bytes(buf)
 
     def _request(
-        self, op: p.Op, fields: list[bytes], *, wait: float = 0.0, first: bool = False
-    ) -> tuple[p.Status, list[bytes]]:
+        self, op: p.StoreOp, fields: list[bytes], *, wait: float = 0.0, first: bool = False
+    ) -> tuple[p.StoreStatus, list[bytes]]:
         try:
             body = p.encode_body(op, fields)
         except p.ProtocolError as exc:
@@ -126,7 +126,7 @@ class TCPStore(Store):
                 self._broken = str(exc)
                 raise StoreError(f"lost connection to {self._where}: {exc}") from None
 
-    def _read_response(self, first: bool) -> tuple[p.Status, list[bytes]]:
+    def _read_response(self, first: bool) -> tuple[p.StoreStatus, list[bytes]]:
         try:
             head = self._recv_exact(p.HEADER.size)
         except StoreError:
@@ -150,14 +150,14 @@ class TCPStore(Store):
         self._rx += 1
         try:
             code, fields = p.decode_body(body)
-            return p.Status(code), fields
+            return p.StoreStatus(code), fields
         except (p.ProtocolError, ValueError) as exc:
             raise StoreError(f"malformed answer from {self._where}: {exc}") from None
 
-    def _ok(self, status: p.Status, fields: list[bytes], timeout: float = 0.0) -> list[bytes]:
-        if status is p.Status.OK:
+    def _ok(self, status: p.StoreStatus, fields: list[bytes], timeout: float = 0.0) -> list[bytes]:
+        if status is p.StoreStatus.OK:
             return fields
-        if status is p.Status.TIMEOUT:
+        if status is p.StoreStatus.TIMEOUT:
             keys = [f.decode("utf-8", "replace") for f in fields]
             raise missing_keys_error(self._where, keys, timeout)
         raise StoreError(f"{self._where}: {b''.join(fields).decode('utf-8', 'replace')}")
@@ -165,11 +165,11 @@ class TCPStore(Store):
     # -- Store ------------------------------------------------------------------------
     def set(self, key: str, value: bytes) -> None:
         key, value = self._check_key(key), self._check_value(value)
-        self._ok(*self._request(p.Op.SET, [key.encode(), value]))
+        self._ok(*self._request(p.StoreOp.SET, [key.encode(), value]))
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         key, t = self._check_key(key), self._timeout(timeout)
-        status, fields = self._request(p.Op.GET, [key.encode(), p.f64(t)], wait=t)
+        status, fields = self._request(p.StoreOp.GET, [key.encode(), p.f64(t)], wait=t)
         (value,) = self._ok(status, fields, t)
         return value
 
@@ -177,32 +177,32 @@ class TCPStore(Store):
         key = self._check_key(key)
         if isinstance(amount, bool) or not isinstance(amount, int):
             raise InvalidArgumentError(f"add() amount must be an int, got {amount!r}")
-        (raw,) = self._ok(*self._request(p.Op.ADD, [key.encode(), p.i64(amount)]))
+        (raw,) = self._ok(*self._request(p.StoreOp.ADD, [key.encode(), p.i64(amount)]))
         return p.parse_i64(raw)
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         key = self._check_key(key)
         fields = [key.encode(), self._check_value(expected), self._check_value(desired)]
-        (value,) = self._ok(*self._request(p.Op.CAS, fields))
+        (value,) = self._ok(*self._request(p.StoreOp.CAS, fields))
         return value
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         names, t = self._check_keys(keys), self._timeout(timeout)
         fields = [p.f64(t), *(k.encode() for k in names)]
-        self._ok(*self._request(p.Op.WAIT, fields, wait=t), t)
+        self._ok(*self._request(p.StoreOp.WAIT, fields, wait=t), t)
 
     def check(self, keys: Sequence[str]) -> bool:
         names = self._check_keys(keys)
-        (flag,) = self._ok(*self._request(p.Op.CHECK, [k.encode() for k in names]))
+        (flag,) = self._ok(*self._request(p.StoreOp.CHECK, [k.encode() for k in names]))
         return flag == b"\x01"
 
     def delete(self, key: str) -> bool:
         key = self._check_key(key)
-        (flag,) = self._ok(*self._request(p.Op.DELETE, [key.encode()]))
+        (flag,) = self._ok(*self._request(p.StoreOp.DELETE, [key.encode()]))
         return flag == b"\x01"
 
     def num_keys(self) -> int:
-        (raw,) = self._ok(*self._request(p.Op.NUM_KEYS, []))
+        (raw,) = self._ok(*self._request(p.StoreOp.NUM_KEYS, []))
         return p.parse_i64(raw)
 
     def close(self) -> None:

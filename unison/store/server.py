@@ -342,7 +342,7 @@ class TCPStoreServer:
             conn.frame_started = now if conn.inbuf else None
 
     # -- requests ---------------------------------------------------------------------
-    def _respond(self, conn: _Conn, status: p.Status, fields: list[bytes]) -> None:
+    def _respond(self, conn: _Conn, status: p.StoreStatus, fields: list[bytes]) -> None:
         body = p.encode_body(status, fields)
         tag = p.mac(self._secret, p.S2C, conn.nonce, conn.tx, body)
         conn.tx += 1
@@ -353,12 +353,12 @@ class TCPStoreServer:
         try:
             code, fields = p.decode_body(body)
             try:
-                op = p.Op(code)
+                op = p.StoreOp(code)
             except ValueError:
                 raise p.ProtocolError(f"unknown op code {code}") from None
             result = self._kv.request(conn, op, fields, time.monotonic())
         except p.ProtocolError as exc:
-            result = (p.Status.ERROR, [f"bad request: {exc}".encode()])
+            result = (p.StoreStatus.ERROR, [f"bad request: {exc}".encode()])
         if isinstance(result, Parked):
             conn.parked = result
         else:

@@ -1,8 +1,9 @@
 """init/shutdown, ranks and sizes, capability queries, and process sets.
 
-Capability queries answer for unison truthfully and work before :func:`init`:
-unison moves bytes with its own transports, so it is built with neither MPI,
-Gloo, NCCL, CUDA, ROCm, oneCCL nor DDL.
+Capability queries work before :func:`init` and say how this layer is built, as
+Horovod's do: it has no MPI, Gloo, NCCL, CUDA, ROCm, oneCCL or DDL controller of its
+own, so they answer False; its bytes move over unison's world, on the backend that
+``unison.init`` chose (native, or ``mpi``/``torch``, which use MPI or Gloo/NCCL).
 """
 
 from __future__ import annotations

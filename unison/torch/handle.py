@@ -22,15 +22,14 @@ __all__ = ["Entry", "Handle"]
 class Handle(Work):
     """An operation in flight: ``done()`` never blocks; ``wait()`` returns its result."""
 
-    def __init__(self, name: str, keep: Any = None, source: Any = None) -> None:
+    def __init__(self, name: str, keep: Any = None, engine: Any = None) -> None:
         super().__init__(name)
         self.keep = keep  # tensors that must outlive the operation
-        self.source = source  # the engine: says which ranks have not submitted it
+        self.engine = engine  # says which ranks have not submitted it
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         """Complete the handle once (later calls are ignored)."""
-        if not self._done:
-            self._finish(result, error)
+        self._finish(result, error)
 
     def done(self) -> bool:
         return self._done
@@ -47,9 +46,9 @@ class Handle(Work):
         while not self._wait_done(min(1.0, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 missing: list[int] = []
-                if self.source is not None:
-                    why = self.source.describe_stall(self.name)
-                    missing = self.source.missing_ranks(self.name) or []
+                if self.engine is not None:
+                    why = self.engine.describe_stall(self.name)
+                    missing = self.engine.missing_ranks(self.name) or []
                 else:
                     why = stalled() if stalled is not None else "it has not finished"
                 raise HorovodInternalError(
@@ -57,8 +56,9 @@ class Handle(Work):
                     op=self.name,
                     ranks=missing,
                 )
-        if self._error is not None:
-            raise self._error
+        error = self.exception()
+        if error is not None:
+            raise error
         return self._result
 
     def result(self) -> Any:

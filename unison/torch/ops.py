@@ -125,7 +125,7 @@ def _submit(
     finish: Callable[[Entry, Any], Any],
 ) -> Handle:
     engine = engine_of(ps)
-    handle = Handle(req.name, keep=(inputs, outputs), source=engine)
+    handle = Handle(req.name, keep=(inputs, outputs), engine=engine)
     entry = Entry(req, inputs, outputs, handle, finish)
     if getattr(_tls, "blocking", False):
         _tls.blocking = False

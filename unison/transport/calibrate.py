@@ -469,6 +469,7 @@ def install(env: Mapping[str, str] | None = None) -> Calibration | None:
             dataclasses.replace(
                 base,
                 alpha=p.alpha + 2 * cal.overhead,
+                hop=p.alpha,
                 beta=p.beta,
                 overhead=cal.call_overhead or base.overhead,
             ),

@@ -2,29 +2,25 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
+from .._completion import Completion
 from .framing import OpSig
 
 __all__ = ["Request"]
 
-#: guards the done flag and the lazily made event of every request (held for a few
-#: instructions; cheaper than a Condition per message)
-_LOCK = threading.Lock()
 
-
-class Request:
+class Request(Completion):
     """One message in flight to or from ``peer`` (a global rank).
 
     ``wait(timeout)`` returns True when done (raising the failure, if any) and
-    False when the timeout passed first. Completion is signalled through a
-    ``threading.Event``, so waiters block instead of polling.
+    False when the timeout passed first (:class:`~unison._completion.Completion`: waiters
+    block on an event instead of polling).
     """
 
-    __slots__ = ("_done", "_error", "_event", "key", "nbytes", "peer", "sender_sig", "sig", "view")
+    __slots__ = ("key", "nbytes", "peer", "sender_sig", "sig", "view")
 
     def __init__(
         self, peer: int, key: tuple[int, int, int, int], view: np.ndarray | None, sig: OpSig
@@ -35,40 +31,7 @@ class Request:
         self.nbytes = 0 if view is None else int(view.nbytes)
         self.sig = sig
         self.sender_sig: OpSig | None = None
-        self._done = False
-        self._event: threading.Event | None = None  # made only if someone must block
-        self._error: BaseException | None = None
-
-    def complete(self, error: BaseException | None = None) -> bool:
-        """Finish the request; returns False if it had already finished."""
-        with _LOCK:
-            if self._done:
-                return False
-            self._error = error
-            self._done = True
-            event = self._event
-        if event is not None:
-            event.set()
-        return True
-
-    def done(self) -> bool:
-        return self._done
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def wait_done(self, timeout: float | None) -> bool:
-        """Block until finished (without raising); False if the timeout passed first."""
-        if self._done:
-            return True
-        with _LOCK:
-            if self._done:
-                return True
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return event.wait(timeout)
+        super().__init__()
 
     def wait(self, timeout: float | None) -> bool:
         if not self.wait_done(timeout):

@@ -117,6 +117,9 @@ class SeqSlots:
         self.peers = [q for q in range(self.size) if q != rank]
         #: set by the caller for the calls that follow (None: this module's own errors)
         self.watch: SlotWatch | None = None
+        #: set by the caller when peers are known to be busy for a while (a round of a
+        #: large direct algorithm): the wait sleeps on the futex at once
+        self.patient = False
         self._kernels: dict[tuple[ReduceOp, DType], Kernel] = {}
         self._views: dict[tuple[int, int, int, np.dtype], list[np.ndarray]] = {}
 
@@ -191,8 +194,11 @@ class SeqSlots:
         policy = self.policy
         start = time.monotonic()
         deadline = start + timeout
-        spin_end = start + policy.spin_s
-        yield_end = spin_end + policy.yield_s
+        if self.patient:  # the caller expects a long wait: sleep at once, learn nothing
+            spin_end = yield_end = start
+        else:
+            spin_end = start + policy.spin_s
+            yield_end = spin_end + policy.yield_s
         blocked = False
         for q in self.peers:  # all must arrive: wait for each in turn
             seq = self._seq[q]
@@ -221,7 +227,8 @@ class SeqSlots:
                 self._sleepers[q].value = 1
                 if (seen - k) & _MASK > 1:
                     futex.wait(self._addr[q], seen, min(_SLEEP_S, deadline - now))
-        policy.observe(time.monotonic() - start, blocked)
+        if not self.patient:
+            policy.observe(time.monotonic() - start, blocked)
 
     def _late(self, k: int, sig: int, timeout: float, gone: str | None) -> None:
         pending = [q for q in self.peers if not self._arrived(q, k)]

@@ -249,7 +249,7 @@ class Fabric:
     def link(self) -> Link:
         """The cost model's link, identical on every rank (agreed in :meth:`finish`)."""
         if self._shared_job:
-            return shared_link(half=shm_arena.SLOT_BYTES // 2)
+            return shared_link(half=shm_arena.SLOT_BYTES // 2, slots=self.seqslots is not None)
         flat = transport_link("tcp")
         if self._two_level is None and self.host_of:  # once the layout is known
             self._two_level = two_level(self.host_of, flat, self.config.transport) or flat
@@ -299,8 +299,11 @@ class Fabric:
         for t in self.transports:  # shm first: its queued data goes out before GOODBYE
             t.close()
         if self.arena is not None:
+            self.arena.sync_hook = None
             self.arena.release()
             self.arena = None
+        self.seqslots = None
+        self._small.clear()
         for seg in self._segs:
             seg.unlink()
 

@@ -2,12 +2,11 @@
 
 The shared layer (:meth:`unison.comm.group.Group.isend`) has validated the buffer,
 the peer and the tag; here the buffer is posted on the fabric under the group's
-p2p key and wrapped in a :class:`RequestWork` bounded by the job's timeout.
+p2p key and wrapped in a Work (:func:`request_work`) bounded by the job's timeout.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,64 +24,49 @@ from ...transport.request import Request
 if TYPE_CHECKING:
     from .executor import Executor
 
-__all__ = ["RequestWork", "post_recv", "post_send"]
+__all__ = ["post_recv", "post_send", "request_work"]
 
 
-class RequestWork(Work):
-    """A point-to-point operation: one transport request plus its deadline."""
+def request_work(
+    name: str,
+    req: Request,
+    deadline: float,
+    timeout: float,
+    translate: Callable[[CommunicationError], CommunicationError],
+    result: Any = None,
+    cancel: Callable[[Request], None] | None = None,
+) -> Work:
+    """A Work over one transport request, failed with a timeout at ``deadline``.
+    ``cancel`` (receives only) withdraws the posted receive first, so a later message
+    cannot land in the buffer; a finished receive's Work names its ``source``."""
 
-    def __init__(
-        self,
-        name: str,
-        req: Request,
-        deadline: float,
-        timeout: float,
-        translate: Callable[[CommunicationError], CommunicationError],
-        result: Any = None,
-        cancel: Callable[[Request], None] | None = None,
-    ) -> None:
-        super().__init__(name)
-        self._cancel = cancel  # withdraws a posted receive that timed out
-        self._req = req
-        self._deadline = deadline
-        self._timeout = timeout
-        self._translate = translate
-        self._result = result
-        self._lock = threading.Lock()
-
-    def _wait_done(self, timeout: float | None) -> bool:
-        if self._done:
-            return True
-        left = self._deadline - time.monotonic()
-        limit = left if timeout is None else min(timeout, left)
+    def progress(work: Work, budget: float | None) -> bool:
+        left = deadline - time.monotonic()
         try:
-            done = self._req.wait(max(limit, 0.0))
+            done = req.wait(max(left if budget is None else min(budget, left), 0.0))
         except CommunicationError as exc:
-            with self._lock:
-                if not self._done:
-                    self._finish(self._result, self._translate(exc))
+            work._finish(result, translate(exc))
             return True
         if done:
-            with self._lock:
-                if not self._done:
-                    self._finish(self._result)
+            if cancel is not None:
+                work.source = req.peer
+            work._finish(result)
             return True
-        if time.monotonic() >= self._deadline:
-            if self._cancel is not None:
-                self._cancel(self._req)  # a later message must not land in this buffer
-            with self._lock:
-                if not self._done:
-                    self._finish(
-                        self._result,
-                        CollectiveTimeoutError(
-                            f"{self.name} timed out after {self._timeout:g}s; "
-                            f"not heard from rank {self._req.peer}",
-                            op=self.name,
-                            ranks=(self._req.peer,),
-                        ),
-                    )
-            return True
-        return False
+        if time.monotonic() < deadline:
+            return False
+        if cancel is not None:
+            cancel(req)
+        work._finish(
+            result,
+            CollectiveTimeoutError(
+                f"{name} timed out after {timeout:g}s; not heard from rank {req.peer}",
+                op=name,
+                ranks=(req.peer,),
+            ),
+        )
+        return True
+
+    return Work(name, progress=progress, result=result)
 
 
 def _key(ex: Executor, tag: int) -> tuple[int, int, int, int]:
@@ -96,7 +80,7 @@ def post_send(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
     deadline = time.monotonic() + rt.config.timeout
     req = rt.router.isend(peer, _key(ex, tag), b.array.view(np.uint8), sig, deadline)
     name = f"send to rank {peer} (tag {tag})"
-    return RequestWork(name, req, deadline, rt.config.timeout, _error(ex, name))
+    return request_work(name, req, deadline, rt.config.timeout, _error(ex, name))
 
 
 def post_recv(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
@@ -111,7 +95,7 @@ def post_recv(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
     else:
         req = rt.router.irecv(peer, _key(ex, tag), view, sig)
         name = f"recv from rank {peer} (tag {tag})"
-    return RequestWork(
+    return request_work(
         name,
         req,
         deadline,

@@ -31,6 +31,7 @@ from ...transport.framing import OpSig
 from .backend import NativeBackend
 from .executor import Executor
 from .fabric import Fabric
+from .small import arena_sync
 
 __all__ = ["Runtime"]
 
@@ -98,6 +99,9 @@ class Runtime:
                 adopt=self.fabric.adopt,
             )
             self.fabric.finish(self.infos)
+            arena, slots = self.fabric.arena, self.fabric.seqslots
+            if arena is not None and slots is not None:  # rounds sync on the slots
+                arena.sync_hook = arena_sync(self, slots)
             self.link = self.fabric.link()
             self.local_rank, self.local_size, self.cross_rank, self.cross_size = _layout(
                 self.infos, self.rank
@@ -153,6 +157,11 @@ class Runtime:
         return Topology(self.link, shared=arena is not None, arena=arena, hosts=hosts)
 
     # --- groups -------------------------------------------------------------------------------
+    @property
+    def groups(self) -> dict[int, Group]:
+        """Every group of this runtime, by id."""
+        return {gid: ex.group for gid, ex in list(self.executors.items())}
+
     def new_group(self, ranks: Sequence[int] | None) -> Group:
         members = check_members(ranks, self.size)
         with self._lock:

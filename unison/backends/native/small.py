@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ...comm.group import Group
     from .runtime import Runtime
 
-__all__ = ["slots_for", "small_all_gather", "small_body", "small_reduce_scatter"]
+__all__ = ["arena_sync", "slots_for", "small_all_gather", "small_body", "small_reduce_scatter"]
 
 _B8, _B16, _B32 = 0xFF, 0xFFFF, 0xFFFFFFFF
 
@@ -109,6 +109,27 @@ class _Watch:
         )
 
 
+def _watched(
+    rt: Runtime, slots: SeqSlots, ctx: OpContext, key: int, run: Callable[[float, int], Any]
+) -> Any:
+    """``run(timeout, key)`` on the slots with ``ctx``'s deadline, aborts and names."""
+    slots.watch = _Watch(rt, ctx)
+    try:
+        return run(ctx.deadline - time.monotonic(), key)
+    except CommunicationError as exc:
+        if exc.op is not None:
+            raise
+        raise type(exc)(  # name the operation, as the general path does
+            f"{ctx.name}: {exc}",
+            op=ctx.op.label,
+            seq=ctx.seq,
+            group=ctx.group_id,
+            ranks=exc.ranks,
+        ) from None
+    finally:
+        slots.watch = None
+
+
 def small_body(
     rt: Runtime,
     slots: SeqSlots,
@@ -119,25 +140,37 @@ def small_body(
     key = _key(sig)
 
     def body(ctx: OpContext) -> Any:
-        slots.watch = _Watch(rt, ctx)
-        try:
-            out = run(ctx.deadline - time.monotonic(), key)
-        except CommunicationError as exc:
-            if exc.op is not None:
-                raise
-            raise type(exc)(  # name the operation, as the general path does
-                f"{ctx.name}: {exc}",
-                op=ctx.op.label,
-                seq=ctx.seq,
-                group=ctx.group_id,
-                ranks=exc.ranks,
-            ) from None
-        finally:
-            slots.watch = None
+        out = _watched(rt, slots, ctx, key, run)
         ctx.all_pairs_checked = True  # every rank compared every rank's signature
         return out
 
     return body
+
+
+def _nbytes(sig: OpSig) -> int:
+    try:
+        return sig.count * DType(sig.dtype).itemsize
+    except ValueError:
+        return 0
+
+
+def arena_sync(rt: Runtime, slots: SeqSlots) -> Callable[[OpContext, int], None]:
+    """The direct shared-memory algorithms' round synchronisation as a slot barrier
+    (one store and a few loads instead of 2(p−1) zero-byte messages)."""
+
+    def sync(ctx: OpContext, step: int) -> None:
+        # an operation of several full rounds keeps every rank copying for a while
+        # between syncs; when ranks outnumber cores, the peer we wait for needs this
+        # core: sleep on the futex at once instead of yielding in a loop
+        slots.patient = slots.policy.oversubscribed and (
+            _nbytes(ctx.sig) > getattr(ctx.topo.link, "half", 0) > 0
+        )
+        try:
+            _watched(rt, slots, ctx, _key(ctx.sig), lambda t, k: slots.barrier(t, k))
+        finally:
+            slots.patient = False
+
+    return sync
 
 
 def small_all_gather(

@@ -28,8 +28,6 @@ def recv_anysource(pg: UnisonProcessGroup, tensors: list[torch.Tensor], tag: int
     assert part is not None
 
     def source() -> int:
-        req = getattr(part, "_req", None)
-        peer = getattr(req, "peer", -1)
-        return pg._ranks.index(peer)
+        return pg._ranks.index(part.source if part.source is not None else -1)
 
     return pg._work("recv", [part], list(tensors), st, source)

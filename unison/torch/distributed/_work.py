@@ -175,7 +175,7 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
             if self._finished:
                 self._complete_future(fut)
                 return fut
-        if all(type(p) is UWork for p in self._parts):
+        if all(p.pushed for p in self._parts):
             left = [len(self._parts)]
 
             def one_done(_: UWork) -> None:

@@ -9,9 +9,8 @@ the destinations the request named (the caller's buffers for a pull).
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ from .wire import (
     HEADER,
     TAG_REPLY,
     TAG_REQUEST,
-    Status,
+    PsStatus,
     decode_error,
     pack_header,
     pack_meta,
@@ -31,50 +30,10 @@ from .wire import (
     unpack_meta,
 )
 
-__all__ = ["Call", "Channel", "Joined"]
+__all__ = ["ServerConnection"]
 
 
-class Call(Work):
-    """One request to one server; its result is the reply's metadata."""
-
-    def __init__(self, name: str, sinks: Sequence[np.ndarray]) -> None:
-        super().__init__(name)
-        self.sinks = list(sinks)
-
-
-class Joined(Work):
-    """Several calls seen as one operation; ``finish(parts)`` makes its result."""
-
-    def __init__(
-        self, name: str, parts: Sequence[Work], finish: Callable[[Sequence[Work]], Any]
-    ) -> None:
-        super().__init__(name)
-        self.parts = list(parts)
-        self._make = finish
-        self._lock = threading.Lock()
-
-    def _wait_done(self, timeout: float | None) -> bool:
-        if self._done:
-            return True
-        end = None if timeout is None else time.monotonic() + timeout
-        for p in self.parts:
-            left = None if end is None else max(0.0, end - time.monotonic())
-            if not p._wait_done(left):
-                return False
-        with self._lock:
-            if not self._done:
-                err = next((p.exception() for p in self.parts if p.exception()), None)
-                if err is not None:
-                    self._finish(error=err)
-                else:
-                    try:
-                        self._finish(self._make(self.parts))
-                    except Exception as exc:
-                        self._finish(error=exc)
-        return True
-
-
-class Channel:
+class ServerConnection:
     def __init__(self, comm: Group, server: int, index: int) -> None:
         self.comm = comm
         self.server = server
@@ -82,7 +41,8 @@ class Channel:
         self.timeout = comm.config.timeout
         self._send_lock = threading.Lock()
         self._cv = threading.Condition()
-        self._pending: dict[int, Call] = {}
+        #: request id -> (its Work, the arrays the reply's arrays go into)
+        self._pending: dict[int, tuple[Work, list[np.ndarray]]] = {}
         self._next = 0
         self._broken: BaseException | None = None
         self._closing = False
@@ -112,9 +72,10 @@ class Channel:
         meta: dict[str, Any] | None = None,
         arrays: Sequence[Any] = (),
         sinks: Sequence[np.ndarray] = (),
-    ) -> Call:
-        """Send a request; the returned call completes with the server's reply."""
-        call = Call(f"{name} (server rank {self.server})", sinks)
+    ) -> Work:
+        """Send a request; the returned Work completes with the server's reply (its
+        metadata), the reply's arrays received into ``sinks``."""
+        call = Work(f"{name} (server rank {self.server})")
         with self._send_lock:
             with self._cv:
                 if self._broken is not None:
@@ -122,7 +83,7 @@ class Channel:
                     return call
                 self._next += 1
                 req_id = self._next
-                self._pending[req_id] = call
+                self._pending[req_id] = (call, list(sinks))
                 if self._thread is None:
                     self._thread = threading.Thread(
                         target=self._reply_loop, name=f"unison-ps-reply-{self.server}", daemon=True
@@ -146,7 +107,7 @@ class Channel:
                 self._broken = exc
             pending = list(self._pending.values())
             self._pending.clear()
-        for call in pending:
+        for call, _ in pending:
             call._finish(error=self._broken)
 
     def _translate(self, exc: CommunicationError) -> CommunicationError:
@@ -188,22 +149,20 @@ class Channel:
             self._recv(raw)
             meta = unpack_meta(raw)
         with self._cv:
-            call = self._pending.pop(req_id, None)
+            call, sinks = self._pending.pop(req_id, (None, []))
         if call is None:
             raise CommunicationError(f"server rank {self.server} answered unknown request {req_id}")
         error: BaseException | None = None
         for i in range(count):
-            sink = call.sinks[i] if i < len(call.sinks) else np.empty(0, np.uint8)
+            sink = sinks[i] if i < len(sinks) else np.empty(0, np.uint8)
             try:
                 self._recv(sink)
             except MismatchError as exc:
                 error = error or exc
-        if status != Status.OK:
+        if status != PsStatus.OK:
             error = decode_error(meta, call.name, self.server)
-        elif count != len(call.sinks) and error is None:
-            error = CommunicationError(
-                f"{call.name}: expected {len(call.sinks)} arrays, got {count}"
-            )
+        elif count != len(sinks) and error is None:
+            error = CommunicationError(f"{call.name}: expected {len(sinks)} arrays, got {count}")
         call._finish(meta, error)
 
     def close(self) -> None:
