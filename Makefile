@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q 'torch==$(TORCH_VERSION)'
-	$(BIN)/pip install -q -e '.[dev,torch,examples,tensorflow,jax]'
+	$(BIN)/pip install -q -e '.[dev,torch,examples,tensorflow,jax,ray]'
 	touch $(STAMP)
 
 # The main job: data-parallel training of a CNN on scikit-learn's digits, 2 ranks,

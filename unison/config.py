@@ -24,6 +24,7 @@ from .errors import InvalidArgumentError
 __all__ = [
     "ENV_CROSS_RANK",
     "ENV_CROSS_SIZE",
+    "ENV_ELASTIC_ID",
     "ENV_HOST_ID",
     "ENV_JOB_ID",
     "ENV_LOCAL_RANK",
@@ -56,6 +57,7 @@ ENV_HOST_ID = "UNISON_HOST_ID"  # overrides the detected host identity
 ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob, read by job detection too
 ENV_NUM_SERVERS = "UNISON_NUM_SERVERS"  # parameter-server processes: the last N ranks
 ENV_ROLE = "UNISON_ROLE"  # "worker" or "server" (parameter server), overrides the above
+ENV_ELASTIC_ID = "UNISON_ELASTIC_ID"  # elastic jobs: this worker's id (see unison.elastic)
 ENV_OUTPUT_TTY = "UNISON_OUTPUT_TTY"  # "1": the launcher's output is a terminal
 
 _IDENTITY = {
@@ -71,6 +73,8 @@ _IDENTITY = {
     ENV_HOST_ID: "host identity override (ranks with equal ids share a host)",
     ENV_NUM_SERVERS: "parameter-server processes: the last N ranks (unison run --servers N)",
     ENV_ROLE: "this process's parameter-server role, worker or server (overrides the above)",
+    ENV_ELASTIC_ID: "set by unison run in an elastic job: this worker's id; init() then takes "
+    "its rank and size from the driver's latest round (unison.elastic)",
     ENV_OUTPUT_TTY: "set by unison run: 1 when its output is a terminal (progress bars make "
     "sense), else 0",
 }
@@ -289,6 +293,22 @@ KNOBS: tuple[Knob, ...] = (
     Knob("UNISON_TCP_BETA", "tcp_beta", 0.0, _positive_float, "tcp seconds per byte"),
     Knob("UNISON_CALL_OVERHEAD", "call_overhead", 0.0, _positive_float, "seconds per call"),
     Knob("UNISON_LINK_CACHE", "link_cache", "", str, "link-model cache dir; off: none"),
+    Knob(
+        "UNISON_PS_ELASTIC",
+        "ps_elastic",
+        False,
+        _bool,
+        "unison.ps: a lost worker leaves the job (its clock stops holding back SSP/BSP) "
+        "instead of failing every other worker",
+    ),
+    Knob(
+        "UNISON_ELASTIC_TIMEOUT",
+        "elastic_timeout",
+        600.0,
+        _positive_float,
+        "elastic jobs: how long a worker waits for the next world after a reset, and the "
+        "launcher for --min-np slots (unison run --elastic-timeout; HOROVOD_ELASTIC_TIMEOUT)",
+    ),
 )
 
 
@@ -324,6 +344,10 @@ class Config:
     tcp_beta: float = 0.0
     call_overhead: float = 0.0
     link_cache: str = ""
+    elastic_timeout: float = 600.0
+    ps_elastic: bool = False
+    #: the elastic rendezvous round this process joins (set by init() in an elastic job)
+    elastic_round: int = -1
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

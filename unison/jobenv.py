@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from . import config as C
 from .errors import InvalidArgumentError
+from .jobdir import derived_store_path
 from .log import get_logger
 
 __all__ = [
@@ -467,18 +468,9 @@ def detect_job(
     if addr is None and info.size > 1:
         path = env.get(C.ENV_STORE_PATH, "").strip() or None
         if path is None:
-            if not info.job_id:
-                raise InvalidArgumentError(
-                    f"cannot tell this {info.source} job's id for a file store: set "
-                    f"UNISON_STORE_PATH (a directory every rank sees) or {C.ENV_STORE_ADDR}"
-                )
-            path = f"/tmp/unison-{info.job_id}"
-            if info.local_size is not None and info.local_size < info.size:
-                _log.warning(
-                    "job spans hosts but the file store %s is host-local; set "
-                    "UNISON_STORE_PATH to a shared directory",
-                    path,
-                )
+            path = derived_store_path(
+                env, info.source, info.job_id, info.rank, info.size, info.local_size
+            )
     job_id = info.job_id or f"{info.source}-job"
 
     # secret: explicit > UNISON_SECRET > derived from the job identity

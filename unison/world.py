@@ -2,20 +2,26 @@
 
 ``init()`` picks a backend from :data:`BACKENDS` by name (``backend=`` or
 ``UNISON_BACKEND``, default ``native``) and opens its runtime; every group of the
-job then runs on that backend. Layer: above the backends (it imports them), below
-the public API (:mod:`unison.comm.api` asks :func:`current` for the world).
+job then runs on that backend. In an elastic job (``UNISON_ELASTIC_ID``) ``init`` first
+waits for this worker's next world (:mod:`unison.elastic`): after a reset,
+``shutdown()`` then ``init()`` joins the new world with its new rank and size.
+Layer: above the backends (it imports them), below the public API
+(:mod:`unison.comm.api` asks :func:`current` for the world).
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import elastic
 from .config import Config, load_config
 from .errors import InvalidArgumentError, NotInitializedError
+from .jobdir import release_all
 from .log import configure, set_rank
 
 if TYPE_CHECKING:
@@ -87,11 +93,41 @@ def is_initialized() -> bool:
 _prev_hook = sys.excepthook
 
 
+_failed = False
+
+
 def _excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    global _failed
     rt = _RT
     if rt is not None:
+        _failed = True
         rt.report_failure(f"{tp.__name__}: {value}")
     _prev_hook(tp, value, tb)
+
+
+def _healthy(rt: World) -> bool:
+    """No group of this rank has failed (a failed group may not even reach the store)."""
+    groups = getattr(rt, "groups", None)
+    comms = [rt.world, *(groups.values() if isinstance(groups, dict) else ())]
+    return all(getattr(c, "_broken", None) is None for c in comms)
+
+
+def _at_exit() -> None:
+    """An interpreter that ends without :func:`shutdown` still leaves in order, as
+    Horovod and mpi4py do (peers see a goodbye, not a lost connection); after an
+    uncaught exception or a failed collective it just goes, as before (peers should see
+    the failure, and a broken job must not delay the exit). Registered at import, so it
+    runs after ``unison.torch``'s own exit hook. Then the job's derived file-store
+    directory is counted out (:mod:`unison.jobdir`)."""
+    try:
+        rt = _RT
+        if rt is not None and not _failed and _healthy(rt):
+            shutdown()
+    finally:
+        release_all()
+
+
+atexit.register(_at_exit)
 
 
 def init(
@@ -126,6 +162,8 @@ def init(
             )
         cfg = cfg.replace(backend=name)
         configure(cfg.log_level)
+        if rank is None and size is None and elastic.enabled():
+            cfg = elastic.join(cfg)  # this worker's next world (rank, size, round)
         rt = opener(cfg, rank=rank, size=size, store_addr=store_addr, secret=secret)
         set_rank(rt.rank)
         _RT = rt
@@ -139,4 +177,20 @@ def shutdown() -> None:
         rt, _RT = _RT, None
         if rt is not None:
             sys.excepthook = _prev_hook
+            _retire_groups(rt)
             rt.close()
+
+
+def _retire_groups(rt: World) -> None:
+    """Groups of a world being shut down say so when used again (an elastic reset
+    re-forms the world: groups made before it must be made again after init())."""
+    where = f"elastic round {elastic.current_round()}" if elastic.enabled() else "a world"
+    groups: dict[int, Group] = getattr(rt, "groups", {})  # native runtimes keep them
+    why = (
+        f"it belongs to {where} that was shut down (groups made before unison.shutdown() "
+        "or an elastic reset cannot be used after it: create them again after unison.init())"
+    )
+    for comm in groups.values():
+        comm._broken = NotInitializedError(why)  # every later use is refused with this
+    for gid, ex in list(getattr(rt, "executors", {}).items()):
+        ex.queue.name = f"group {gid} ({why})"

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "unison.ps",
             "unison.tensorflow",
             "unison.keras",
+            "unison.ray",
             "unison.testing",
         ),
     ),
@@ -33,12 +34,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("backends", ("unison.backends",)),
     ("shared layer", ("unison.comm",)),
     ("algorithms", ("unison.algorithms",)),
-    ("transport", ("unison.transport", "unison.bootstrap")),
+    ("transport", ("unison.transport", "unison.bootstrap", "unison.elastic")),
     (
         "base",
         (
             "unison.store",
             "unison.jobenv",
+            "unison.jobdir",
             "unison.config",
             "unison.log",
             "unison.buffers",

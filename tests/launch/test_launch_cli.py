@@ -102,3 +102,33 @@ def test_python_m_unison_usage_errors_and_closed_pipe() -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+
+
+def test_nnodes_and_start_timeout() -> None:
+    """torchrun's --nnodes takes the first N hosts (np = --nproc-per-node x N) and needs
+    hosts when N > 1; horovodrun's --start-timeout must be a positive number of seconds."""
+    run = [sys.executable, "-m", "unison", "run"]
+    r = subprocess.run(
+        [*run, "--nnodes", "1", "--nproc-per-node", "2", "-H", "localhost:2,elsewhere:2",
+         "--start-timeout", "5", sys.executable, "-c",
+         "import os; print('SIZE', os.environ['UNISON_SIZE'])"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr  # 'elsewhere' is never contacted
+    assert sorted(r.stdout.splitlines()) == ["[0] SIZE 2", "[1] SIZE 2"], r.stdout
+    for bad, says in (
+        (["--nnodes", "2", "--nproc-per-node", "1"], "--nnodes 2 needs the hosts"),
+        (["-np", "1", "--start-timeout", "0"], "--start-timeout must be > 0"),
+    ):
+        r = subprocess.run([*run, *bad, "true"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+def test_run_help_lists_the_flags_people_type() -> None:
+    argv = [sys.executable, "-m", "unison", "run", "--help"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith("usage: unison run"), r.stderr
+    for flag in ("-x", "--oversubscribe", "--nproc-per-node", "--nproc_per_node", "--nnodes",
+                 "--verbose", "--output-filename", "--tag-output", "--start-timeout",
+                 "--network-interface", "--iface", "--stdin", "--hostfile", "-H"):  # fmt: skip
+        assert f"{flag} " in r.stdout or f"{flag}," in r.stdout or f"{flag}\n" in r.stdout, flag

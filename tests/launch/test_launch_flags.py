@@ -110,11 +110,12 @@ def test_unchanged_torch_distributed_gloo_script(tmp_path: Path) -> None:
 def test_failing_rank_peers_say_why_and_typo_warned_once(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(
-        "import sys, numpy as np, unison as un\n"
+        "import sys, time, numpy as np, unison as un\n"
         "un.init()\n"
         "un.barrier()\n"
         "if un.rank() == 2:\n"
         "    sys.exit(3)\n"
+        "time.sleep(0.5)  # busy elsewhere: they learn of the loss only at their next call\n"
         "while True:\n"
         "    un.all_reduce(np.ones(4))\n"
     )
@@ -126,8 +127,9 @@ def test_failing_rank_peers_say_why_and_typo_warned_once(tmp_path: Path) -> None
     assert r.returncode == 3, r.stderr
     assert "rank 2 failed first (exit code 3)" in r.stderr
     for rank in (0, 1):  # each survivor printed its own error before being ended
-        assert any(
-            line.startswith(f"[{rank}] unison.errors.") and "rank 2 was lost" in line
+        assert any(  # sys.exit runs unison's exit hook (as Horovod's): rank 2 says goodbye
+            line.startswith(f"[{rank}] unison.errors.")
+            and ("rank 2 was lost" in line or "rank 2 has shut down" in line)
             for line in r.stderr.splitlines()
         ), r.stderr
     typo = [line for line in r.stderr.splitlines() if "UNISON_TIMEOUTT" in line]
@@ -139,7 +141,7 @@ def test_progress_redraws_to_a_pipe_are_one_line_with_one_prefix(tmp_path: Path)
     script = tmp_path / "bar.py"
     script.write_text(
         "import os, sys\n"
-        "print('tty', os.environ['UNISON_OUTPUT_TTY'], flush=True)\n"
+        "print('tty', os.environ.get('UNISON_OUTPUT_TTY'), flush=True)\n"
         "for epoch in (1, 2):\n"
         "    for pct in (0, 50, 100):\n"
         "        sys.stderr.write(f'\\repoch {epoch}: {pct}%|###|'); sys.stderr.flush()\n"
@@ -152,5 +154,5 @@ def test_progress_redraws_to_a_pipe_are_one_line_with_one_prefix(tmp_path: Path)
         capture_output=True, text=True, env=ENV, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["[0] tty 0", "[0] epoch 1 done", "[0] epoch 2 done"]
     assert r.stderr == "[0] dos line\n", repr(r.stderr)  # cleared bars leave nothing
+    assert r.stdout.splitlines() == ["[0] tty 0", "[0] epoch 1 done", "[0] epoch 2 done"]

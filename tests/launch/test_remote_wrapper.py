@@ -74,3 +74,32 @@ def test_signals_and_hang_up(tmp_path: Path) -> None:
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}")
+
+
+READER = (
+    "import os, sys\n"
+    "data = sys.stdin.buffer.read()\n"
+    "print('IN', os.environ['UNISON_RANK'], data.hex(), flush=True)\n"
+)
+
+
+def test_stdin_reaches_remote_and_local_ranks(tmp_path: Path) -> None:
+    """``--stdin`` through remote wrappers (``IN`` frames on the control channel, next
+    to ``SIG`` lines) and local pipes: each chosen rank gets the whole stream, byte for
+    byte; the others read /dev/null. The rsh agent here is ``env``: no shell, no ssh."""
+    data = bytes(range(256)) * 50 + b"\n last line without newline"
+    (tmp_path / "in").write_bytes(data)
+    base = [
+        sys.executable, "-m", "unison", "run", "-np", "3", "-H", "localhost:1,fakehost:2",
+        "--rsh", "env UNISON_TEST_HOST={host}", "--store-addr", "127.0.0.1",
+    ]  # fmt: skip
+    for spec, readers in (("all", {0, 1, 2}), ("2", {2})):
+        with open(tmp_path / "in", "rb") as fh:
+            out = subprocess.run(
+                [*base, "--stdin", spec, sys.executable, "-c", READER],
+                env=ENV, stdin=fh, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        got = {int(w[1]): bytes.fromhex(w[2] if len(w) > 2 else "")
+               for w in (line.split(" ", 3)[1:] for line in out.stdout.splitlines())}  # fmt: skip
+        assert got == {r: (data if r in readers else b"") for r in range(3)}, spec

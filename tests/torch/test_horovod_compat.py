@@ -426,6 +426,21 @@ def _bn_oracle(n: int) -> dict[str, list[float]]:
     }
 
 
+def _partial_oracle(n: int) -> tuple[list[float], list[list[float]]]:
+    """One process: the shared layer's gradient averaged over the ranks' batches, and
+    each rank's own gradient of the local layer (what it keeps, before the 1/size)."""
+    import torch
+
+    shared, local = [], []
+    for r in range(n):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        (model(torch.ones(1, 2) * (r + 1)).sum() * (r + 1)).backward()
+        shared.append(model[1].weight.grad.flatten())
+        local.append(model[0].weight.grad.flatten().tolist())
+    return (sum(shared) / n).tolist(), local
+
+
 def _training_extras() -> dict[str, object]:
     import unison.torch as hvd
 
@@ -463,3 +478,7 @@ def test_optimizer_sync_batch_norm_sampler_as_horovod() -> None:
     # shared layer: the average of both ranks' gradients; local layer: own gradient only
     assert res[0]["partial_shared"] == res[1]["partial_shared"]
     assert res[0]["partial_local"] != res[1]["partial_local"]
+    shared, local = _partial_oracle(2)
+    for r in range(2):
+        np.testing.assert_allclose(res[r]["partial_shared"], shared, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(res[r]["partial_local"], local[r], rtol=1e-6, atol=1e-7)

@@ -37,6 +37,7 @@ from ..errors import InvalidArgumentError
 from ..jobenv import FAILURE_KEY, parse_failure_record
 from ..store import TCPStoreServer
 from ..transport.shm_segment import cleanup_job
+from . import elastic_cli as elastic
 from .hosts import (
     DEFAULT_RSH,
     Slot,
@@ -51,6 +52,7 @@ from .hosts import (
 from .options import configure_parser, free_port, parse_exports, resolve_np, stdin_ranks
 from .output import OutputForwarder
 from .rankenv import rank_environment
+from .remote import StdinForwarder
 from .supervise import (
     Launch,
     RankProcess,
@@ -82,12 +84,16 @@ def main(args: argparse.Namespace) -> int:
     try:
         prefix = C.load_config().prefix_output if args.prefix is None else args.prefix
         hosts = host_list(args.hosts, args.hostfile)
-        np = resolve_np(args, hosts)
+        np = resolve_np(args, hosts) if not elastic.is_elastic(args) or args.np else 0
         if hosts and args.nproc_per_node:
             hosts = [(h, args.nproc_per_node) for h, _ in hosts]
         if hosts and args.nnodes:
             hosts = hosts[: args.nnodes]
         extra_env, export_names = parse_exports(args.export)
+        if elastic.is_elastic(args):
+            rsh = ssh_template(args.rsh, args.ssh_port, args.ssh_identity_file)
+            env = {**os.environ, **extra_env}
+            return elastic.main(args, command, hosts, prefix, env, export_names, rsh)
         return run_job(
             command,
             np,
@@ -184,11 +190,12 @@ def run_job(
             for s in slots
         ]
         launches: list[Launch] = []
+        # one local reader takes the launcher's stdin as it is; else every reader gets a copy
+        copy = len(stdin_ranks) > 1 or any(not is_local(slots[r].host) for r in stdin_ranks)
         for s, e in zip(slots, envs, strict=True):
             if is_local(s.host):
-                launches.append(
-                    Launch(list(command), e, "inherit" if s.rank in stdin_ranks else None)
-                )
+                mode = ("feed" if copy else "inherit") if s.rank in stdin_ranks else None
+                launches.append(Launch(list(command), e, mode))
                 continue
             header = {
                 "argv": list(command),
@@ -197,6 +204,7 @@ def run_job(
                 "host": s.host,
                 "store": list(store),
                 "start_timeout": start_timeout or 30.0,
+                "stdin": s.rank in stdin_ranks,
             }
             launches.append(Launch(remote_argv(rsh, s.host), dict(base), "pipe", header))
         job = JobSupervisor(
@@ -256,6 +264,7 @@ class JobSupervisor:
         self.kill_at: float | None = None
         self.stages: list[int] = []  # signals still to send, one per grace period
         self.failed: list[RankProcess] = []  # failures not caused by the launcher
+        self.stdin: StdinForwarder | None = None
         self._wake_r, self._wake_w = os.pipe()
 
     # -- life cycle -------------------------------------------------------------------
@@ -267,6 +276,7 @@ class JobSupervisor:
         try:
             status = self._start_all()
             if status is None:
+                self._forward_stdin()
                 self._loop()
                 status = self._verdict()
             return status
@@ -321,6 +331,22 @@ class JobSupervisor:
             if rp.pidfd is not None:
                 self.sel.register(rp.pidfd, selectors.EVENT_READ, rp)
         return None
+
+    def _forward_stdin(self) -> None:
+        """Copy the launcher's stdin to the ranks that read it through a pipe (remote
+        ranks, or several readers); the launcher keeps no write end of a local one."""
+        targets: list[tuple[int, bool]] = []
+        for rp, la in zip(self.ranks, self.launches or (), strict=False):
+            if rp.feed is not None:
+                targets.append((rp.feed, False))
+            elif rp.ctl is not None and la.header and la.header.get("stdin"):
+                targets.append((rp.ctl, True))
+        if targets:
+            self.stdin = StdinForwarder(targets).start()
+        for rp in self.ranks:
+            if rp.feed is not None:
+                os.close(rp.feed)
+                rp.feed = None
 
     def _loop(self) -> None:
         deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
@@ -449,6 +475,8 @@ class JobSupervisor:
             self.stderr.flush()
 
     def _cleanup(self) -> None:
+        if self.stdin is not None:
+            self.stdin.close()
         for rp in self.ranks:  # nothing survives the job, not even grandchildren
             rp.signal_group(signal.SIGKILL)
         for rp in self.ranks:

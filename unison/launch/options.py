@@ -8,6 +8,7 @@ import socket
 from collections.abc import Sequence
 
 from ..errors import InvalidArgumentError
+from .elastic_cli import add_elastic_options
 from .hosts import add_host_options
 
 __all__ = ["configure_parser", "free_port", "parse_exports", "resolve_np", "stdin_ranks"]
@@ -89,8 +90,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--stdin",
         default="0",
         metavar="none|all|RANK",
-        help="which ranks read the launcher's stdin on this host (mpirun's default: "
-        "rank 0); the others read /dev/null",
+        help="which ranks read the launcher's stdin, on any host (mpirun's default: "
+        "rank 0; 'all': each gets a copy); the others read /dev/null",
     )
     p.add_argument(
         "--output-filename",
@@ -120,6 +121,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="print where each rank starts and the command used (never the job secret)",
     )
     add_host_options(p)
+    add_elastic_options(p)
     p.add_argument(
         "command",
         nargs=argparse.REMAINDER,

@@ -77,7 +77,8 @@ def describe_exit(returncode: int) -> str:
 
 @dataclass
 class Launch:
-    """How one rank starts: ``stdin`` None (/dev/null), "inherit" (the launcher's) or
+    """How one rank starts: ``stdin`` None (/dev/null), "inherit" (the launcher's),
+    "feed" (a pipe the launcher's stdin is copied to: :class:`.remote.StdinForwarder`) or
     "pipe" (a remote wrapper's control channel, which first gets ``header``)."""
 
     argv: list[str]
@@ -97,6 +98,7 @@ class RankProcess:
         self.exited_at: float | None = None  # wall clock, when the launcher saw it
         self.signalled = False  # the launcher sent it SIGTERM/SIGKILL
         self.ctl: int | None = None  # control channel of a remote wrapper
+        self.feed: int | None = None  # a local rank's stdin pipe ("feed")
         self.pidfd: int | None = None
         with contextlib.suppress(AttributeError, OSError):
             self.pidfd = os.pidfd_open(proc.pid)
@@ -139,10 +141,11 @@ class RankProcess:
             self.close_ctl()
 
     def close_ctl(self) -> None:
-        if self.ctl is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.ctl)
-            self.ctl = None
+        for fd in (self.ctl, self.feed):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.ctl = self.feed = None
 
 
 def start_rank(
@@ -157,6 +160,7 @@ def start_rank(
         None: subprocess.DEVNULL,
         "inherit": None,
         "pipe": subprocess.PIPE,
+        "feed": subprocess.PIPE,
     }
     proc = subprocess.Popen(
         list(command),
@@ -169,7 +173,10 @@ def start_rank(
         close_fds=True,
     )
     rp = RankProcess(rank, proc)
-    if proc.stdin is not None:
+    if proc.stdin is not None and stdin == "feed":
+        rp.feed = os.dup(proc.stdin.fileno())
+        proc.stdin.close()
+    elif proc.stdin is not None:
         rp.ctl = os.dup(proc.stdin.fileno())
         proc.stdin.close()
         line = json.dumps(dict(header or {}), ensure_ascii=True) + "\n"

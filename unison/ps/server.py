@@ -97,7 +97,14 @@ class Server:
         self.comm = comm
         self.rank = comm.global_rank
         self.timeout = timeout
-        self.state = ServerState(index, self.rank, workers, policy, park_timeout=0.8 * timeout)
+        self.state = ServerState(
+            index,
+            self.rank,
+            workers,
+            policy,
+            park_timeout=0.8 * timeout,
+            elastic=comm.config.ps_elastic,
+        )
         self.inbox: queue.Queue[WorkerRequest | _Lost] = queue.Queue()
         self.sends: deque[Work] = deque()
 

@@ -17,10 +17,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollectiveTimeoutError, CommunicationError, InvalidArgumentError, PeerLostError
+from ..log import get_logger
 from . import checkpoint
 from .consistency import DONE, Consistency
 from .rules import Assign, Rule
 from .wire import PsOp, PsStatus, encode_error
+
+log = get_logger("ps")
 
 __all__ = ["Reply", "WorkerRequest", "ServerState"]
 
@@ -79,7 +82,9 @@ class ServerState:
         policy: Consistency,
         park_timeout: float,
         now: Callable[[], float] = time.monotonic,
+        elastic: bool = False,
     ) -> None:
+        self.elastic = elastic  # a lost worker leaves the clocks instead of failing the job
         self.index = index
         self.rank = rank
         self.workers = tuple(workers)
@@ -151,10 +156,14 @@ class ServerState:
         return out
 
     def lost(self, worker: int, reason: str) -> list[Reply]:
-        """Worker ``worker`` died or went silent: the job cannot go on."""
+        """Worker ``worker`` died or went silent: the job cannot go on (elastic: it goes
+        on without that worker)."""
         if worker in self.gone:
             return []
         self.gone.add(worker)
+        if self.elastic:  # its clock leaves the SSP/BSP computation; the others go on
+            log.warning("worker rank %d left the job (%s); going on without it", worker, reason)
+            return self._progress()
         if self.failure is None:
             self.failure = PeerLostError(
                 f"worker rank {worker} was lost ({reason}); the job cannot go on",

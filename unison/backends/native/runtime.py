@@ -84,7 +84,12 @@ class Runtime:
         job, cfg = self.job, self.config
         if self.size > 1:
             self.store = self._open_store()
-            self.epoch = self.store.add(f"unison/epoch/{self.rank}", 1)
+            # an elastic round is its own rendezvous (ranks change between rounds)
+            self.epoch = (
+                (1 << 30) + cfg.elastic_round
+                if cfg.elastic_round >= 0
+                else self.store.add(f"unison/epoch/{self.rank}", 1)
+            )
             host = job.store_addr[0] if job.store_addr else None
             self.infos = connect_mesh(
                 self.store,

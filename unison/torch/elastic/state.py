@@ -8,6 +8,9 @@ from typing import Any
 
 import torch
 
+from ... import elastic as _elastic
+from ..basics import rank
+from ..errors import HostsUpdatedInterrupt
 from ..functions import (
     allgather_object,
     broadcast_object,
@@ -36,7 +39,14 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """With a fixed set of workers there is never an update to react to."""
+        """Raise :class:`HostsUpdatedInterrupt` on every rank at once when the elastic
+        driver has published a newer world (rank 0 looks, everyone gets its answer);
+        with a fixed set of workers there is never an update."""
+        if not _elastic.enabled():
+            return
+        seen = _elastic.hosts_updated() if rank() == 0 else False
+        if broadcast_object(seen, 0, name="elastic.hosts_updated"):
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self) -> None:
         raise NotImplementedError

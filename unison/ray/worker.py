@@ -1,0 +1,105 @@
+"""The actor behind each rank of a :class:`~unison.ray.RayExecutor`.
+
+One instance per rank, in its own Ray worker process. The driver reads where it was
+placed (:meth:`UnisonRayWorker.node_info`), then writes the rank's environment into
+the process (:meth:`UnisonRayWorker.update_env_vars`: the same ``UNISON_*``,
+``HOROVOD_*`` and torchrun variables ``unison run`` gives a rank), so ``unison.init()``,
+``unison.torch.init()`` (``hvd.init()``) or ``unison.ps`` inside the function joins the
+job through the driver's authenticated store.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..errors import LaunchError
+
+__all__ = ["UnisonRayWorker"]
+
+
+def _leave_job() -> None:
+    """After the function raised: leave the job so peers blocked on this rank fail at once
+    (they see the connection drop) instead of waiting out their deadline."""
+    torch_mod = sys.modules.get("unison.torch")
+    if torch_mod is not None:
+        try:
+            if torch_mod.is_initialized():
+                torch_mod.shutdown()
+        except Exception:  # best effort, on an error path
+            pass
+    try:
+        import unison
+
+        unison.shutdown()
+    except Exception:  # best effort, on an error path
+        pass
+
+
+class UnisonRayWorker:
+    """Holds the executable (an ``executable_cls`` instance, or None) and runs functions."""
+
+    def __init__(self) -> None:
+        self.executable: Any = None
+
+    def node_info(self) -> tuple[str, str, str, int]:
+        """(Ray node id, hostname, node IP address, pid) of this actor."""
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id()
+        ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return node_id, socket.gethostname(), ip, os.getpid()
+
+    def gpu_ids(self) -> list[str]:
+        """The GPUs Ray assigned to this actor."""
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()]
+
+    def free_port(self) -> int:
+        """A port nothing listens on now, on this node (torchrun's MASTER_PORT)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return int(s.getsockname()[1])
+
+    def update_env_vars(self, env_vars: Mapping[str, object]) -> None:
+        """Set environment variables in this actor's process."""
+        os.environ.update({str(k): str(v) for k, v in env_vars.items()})
+
+    def env_vars(self) -> dict[str, str]:
+        """This actor's environment."""
+        return dict(os.environ)
+
+    def start_executable(
+        self,
+        executable_cls: type | None = None,
+        executable_args: Sequence[Any] | None = None,
+        executable_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Instantiate ``executable_cls`` in this actor (None leaves the executable None)."""
+        if executable_cls is not None:
+            self.executable = executable_cls(
+                *(executable_args or ()), **dict(executable_kwargs or {})
+            )
+
+    def execute(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(executable)``; if it raises, this rank leaves the unison job first.
+
+        ``sys.exit()`` in ``fn`` (a ``unison.ps`` server exits when its workers are done)
+        ends the call, not the actor: status 0 or None returns None, another status
+        raises :class:`~unison.errors.LaunchError`.
+        """
+        try:
+            return fn(self.executable)
+        except SystemExit as exc:
+            _leave_job()
+            if exc.code in (0, None):
+                return None
+            rank = os.environ.get("UNISON_RANK", "?")
+            raise LaunchError(f"rank {rank}: the function exited with status {exc.code}") from None
+        except BaseException:
+            _leave_job()
+            raise
