@@ -10,6 +10,12 @@ c10d backend, ``import unison.torch.distributed`` -- or ``both``), ``--mode both
 runs them one after the other in the same job and prints the step-time ratios
 (DDP-unison / DDP-gloo is the one a DDP user sees when changing the backend name).
 ``--latency`` adds the per-operation overhead of a 4-byte allreduce through the stacks.
+``--comm-bound`` is the communication-bound configuration (batch 1 per rank: a few
+milliseconds of compute against 37 MB of gradients per step), the one the DDP
+step-time ratio is quoted for:
+
+    for n in 2 4; do unison run -np $n python examples/pytorch_synthetic_benchmark.py \
+        --mode both --ddp-backend both --comm-bound; done
 
     unison run -np 2 python examples/pytorch_synthetic_benchmark.py --mode ddp --ddp-backend both
 """
@@ -170,6 +176,11 @@ def main() -> None:
     )
     ap.add_argument("--fp16-allreduce", action="store_true")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument(
+        "--comm-bound",
+        action="store_true",
+        help="communication-bound configuration: batch 1 per rank (overrides --batch-size)",
+    )
     ap.add_argument("--num-warmup-batches", type=int, default=2)
     ap.add_argument("--num-batches-per-iter", type=int, default=5)
     ap.add_argument("--num-iters", type=int, default=5)
@@ -179,6 +190,8 @@ def main() -> None:
         "--latency", type=int, default=0, metavar="N", help="also time N 4-byte allreduces"
     )
     args = ap.parse_args()
+    if args.comm_bound:
+        args.batch_size = 1
 
     hvd.init()
     torch.set_num_threads(args.threads)
@@ -189,10 +202,14 @@ def main() -> None:
     if args.mode != "ddp":
         modes = ["unison", *modes] if args.mode == "both" else ["unison"]
     results = {mode: run(args, mode) for mode in modes}
+    config = "communication-bound, " if args.comm_bound else ""
     for mode in results:
         if mode != "ddp-gloo" and "ddp-gloo" in results:
             ratio = results[mode] / results["ddp-gloo"]
-            log(f"step time {mode} / ddp-gloo: {ratio:.2f}x (np={hvd.size()})")
+            log(
+                f"step time {mode} / ddp-gloo: {ratio:.2f}x "
+                f"(np={hvd.size()}, {config}batch {args.batch_size} per rank)"
+            )
     if args.latency:
         for name, us in latency(args.latency).items():
             log(f"4-byte allreduce, {name}: {us:.0f} us per operation")

@@ -39,6 +39,7 @@ def mismatch_and_timeout() -> dict[str, Any]:
         )
     if rank == 2:  # stays alive but never joins the world's all_reduce
         store.wait(["c10d-test/done0", "c10d-test/done1"], timedelta(seconds=60))
+        store.set("c10d-test/done2", b"1")  # rank 0 hosts the store: it must outlive this
         return out
     w = dist.all_reduce(torch.ones(3), async_op=True)
     exc = _catch(w.wait)
@@ -50,6 +51,7 @@ def mismatch_and_timeout() -> dict[str, Any]:
     )
     out["exception"] = repr(w.exception())
     store.set(f"c10d-test/done{rank}", b"1")
+    store.wait(["c10d-test/done2"], timedelta(seconds=60))
     return out
 
 

@@ -7,6 +7,7 @@ rank computes the numpy oracle for all ranks locally and compares.
 from __future__ import annotations
 
 import os
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -239,6 +240,8 @@ def collectives() -> dict[str, int]:
     fut = dist.all_reduce(t, async_op=True).get_future()
     res = fut.then(lambda f: f.value()[0] * 2).wait()
     assert res.tolist() == [2.0 * size] * 8, res
+    # the group's engine completes a collective's future: no waiter thread per future
+    assert not [x for x in threading.enumerate() if x.name == "unison-c10d-future"]
     checks += 1
     # sub-groups: new_group over even ranks, new_subgroups of 2
     evens = list(range(0, size, 2))

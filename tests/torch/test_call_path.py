@@ -89,3 +89,68 @@ def test_steady_state_small_allreduce_issues_no_data_collective() -> None:
             want = parts[0] * parts[1]
         for p in per_rank:
             np.testing.assert_allclose(np.array(p[j][3]), want, err_msg=f"{dt} op {op}")
+
+
+def _mixed() -> dict[str, Any]:
+    """Blocking calls (the caller-thread path when the engine is idle) mixed with async
+    ones in flight, grouped and in place, plus a mismatch that must fail on every rank
+    and leave the engine usable."""
+    import unison.torch as hvd
+    from unison.comm import Work
+    from unison.torch.basics import engine_of
+
+    eng = engine_of(hvd.global_process_set)
+    r = hvd.rank()
+    got: dict[str, Any] = {"blocking": [], "async": [], "bcast": []}
+    for i in range(12):
+        pending = [
+            hvd.allreduce_async(torch.full((3,), float(r * 10 + i + j)), name=f"as.{j}", op=hvd.Sum)
+            for j in range(2)
+        ]
+        got["blocking"].append(hvd.allreduce(torch.tensor([r + i], dtype=torch.int64)).tolist())
+        got["async"].append([hvd.synchronize(h).tolist() for h in pending])
+        # a Handle is unison's one future type, with Horovod's poll/synchronize on top
+        assert all(isinstance(h, Work) and h.is_completed() and hvd.poll(h) for h in pending)
+        got["bcast"].append(hvd.broadcast(torch.tensor([float(r + i)]), root_rank=1).item())
+    t = torch.arange(4, dtype=torch.float32) * (r + 1)
+    hvd.allreduce_(t, name="ip", op=hvd.Max)
+    got["inplace"] = t.tolist()
+    try:
+        hvd.allreduce(torch.ones(2, dtype=torch.float32 if r else torch.float64), name="mm")
+        got["mismatch"] = "no error"
+    except hvd.TensorMismatchError as exc:
+        got["mismatch"] = str(exc)
+    got["after"] = hvd.allreduce(torch.tensor([1.0 + r]), name="after", op=hvd.Sum).item()
+    got["caller"] = eng.counts["caller"]
+    return got
+
+
+def test_blocking_calls_mixed_with_async_ones_match_the_oracle() -> None:
+    res = hvd_spawn(_mixed, 2)
+    for out in res:
+        for i in range(12):
+            # Average of int64 (r + i) over 2 ranks: (2i + 1) / 2 truncated, Horovod's rule
+            assert out["blocking"][i] == [(2 * i + 1) // 2], out["blocking"]
+            want = [[float(10 + 2 * (i + j))] * 3 for j in range(2)]
+            assert out["async"][i] == want, (i, out["async"][i])
+            assert out["bcast"][i] == float(1 + i)
+        assert out["inplace"] == [0.0, 2.0, 4.0, 6.0]
+        assert "mismatched dtype" in out["mismatch"] and "'mm'" in out["mismatch"], out
+        assert out["after"] == 3.0
+
+
+def _single() -> tuple[int, int, list[float]]:
+    import unison.torch as hvd
+    from unison.torch.basics import engine_of
+
+    eng = engine_of(hvd.global_process_set)
+    c0 = eng.counts["caller"]
+    vals = [hvd.allreduce(torch.tensor([float(i)]), name="one").item() for i in range(5)]
+    return c0, eng.counts["caller"], vals
+
+
+def test_an_idle_engine_runs_blocking_calls_on_the_callers_thread() -> None:
+    # one rank: no peer can race the engine thread, so every call takes the path
+    [(c0, c1, vals)] = hvd_spawn(_single, 1)
+    assert c1 - c0 == 5
+    assert vals == [0.0, 1.0, 2.0, 3.0, 4.0]

@@ -9,6 +9,7 @@ so no wait ever busy-spins or outlives its deadline.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ Progress = Callable[["Work", "float | None"], bool]
 _SPIN_S = 2e-3  # polled engines: yield between tests this long, then back off
 _PAUSE_MIN_S = 5e-5
 _PAUSE_MAX_S = 1e-3
+_CALLBACKS = threading.Lock()  # guards every Work's list of done callbacks
 
 
 def _pushed(work: Work, budget: float | None) -> bool:
@@ -80,7 +82,26 @@ class Work:
         """End the operation (the first call wins)."""
         if not self._state.done():
             self._result = result
-        self._state.complete(error)
+        if self._state.complete(error):
+            with _CALLBACKS:
+                callbacks = self.__dict__.pop("_callbacks", ())
+            for fn in callbacks:
+                fn(self)
+
+    def add_done_callback(self, fn: Callable[[Work], None]) -> None:
+        """Run ``fn(self)`` once the operation finishes, on the thread that finishes it
+        (here and now if it has). Only an operation another thread finishes (see
+        :attr:`pushed`) calls it unasked; the others finish while someone waits."""
+        with _CALLBACKS:
+            if not self._state.done():
+                self.__dict__.setdefault("_callbacks", []).append(fn)
+                return
+        fn(self)
+
+    @property
+    def pushed(self) -> bool:
+        """True when the engine finishes the operation from its own thread."""
+        return self._progress is _pushed
 
     @property
     def _done(self) -> bool:

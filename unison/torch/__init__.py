@@ -5,9 +5,10 @@ A script written for ``horovod.torch`` runs unchanged with::
     import unison.torch as hvd
 
 and ``unison run -np N python train.py``. Collectives are negotiated by a
-background engine per process set (rank 0 coordinates, a response cache and
-tensor fusion keep steady-state training cheap), ``DistributedOptimizer``
-overlaps gradient reduction with the backward pass, and a mismatch between
+background engine per process set (every rank decides alike from one exchange of
+cycle messages; a response cache and tensor fusion keep steady-state training
+cheap), ``DistributedOptimizer`` overlaps gradient reduction with the backward
+pass, and a mismatch between
 ranks raises on every rank instead of hanging.
 """
 

@@ -3,15 +3,26 @@
 One thread per process set and rank, woken when work is submitted or a peer
 starts a negotiation cycle — never paced by a sleep. A cycle: every rank sends
 every peer one small message (the response-cache bits of its pending tensors,
-full requests for tensors not in the cache, and on the coordinator whether its
-table is busy) and receives theirs. When only cached tensors are involved the
-bitwise AND of the bit vectors decides, identically on every rank, with no
-round trip to the coordinator. Otherwise rank 0 of the set (the coordinator)
-validates the requests and announces the responses. Then every rank executes
-the same responses in the same order (:mod:`unison.torch.execute`).
+full requests for tensors not in the cache, and from rank 0 the tensors its stall
+inspector shuts down) and receives theirs. When only cached tensors are involved
+the bitwise AND of the bit vectors decides. Otherwise every rank feeds the same
+requests, in rank order, into its own copy of the coordinator's table
+(:class:`Coordinator`), which validates them and yields the same responses on
+every rank — no round trip to rank 0. Then every rank executes the same responses
+in the same order (:mod:`unison.torch.execute`).
 
 A cycle starts when there is new local work or a peer's message for it has
-arrived, so ranks that submit in different orders meet without polling.
+arrived, so ranks that submit in different orders meet without polling. A rank
+with nothing of its own to offer answers a peer's cycle after a short linger
+(:data:`LINGER_S`) unless local work arrives first, so a rank that is a little
+behind joins the cycle with its tensor instead of an empty message.
+
+The steady-state fast path: a blocking call (``hvd.allreduce`` ...) made while
+the engine is idle (nothing queued or pending, no cycle running) runs the cycle
+on the caller's thread (:meth:`Engine.run_blocking`) and waits on the peers'
+receives itself (:meth:`Channel.pull`): a cached small all-reduce then completes
+without a thread hand-off. The cycle is the same on either thread (one runs at a
+time, in order), so peers cannot tell the difference.
 """
 
 from __future__ import annotations
@@ -34,9 +45,12 @@ from .settings import Settings
 from .stall import StallInspector
 from .timeline import Timeline
 
-__all__ = ["Engine"]
+__all__ = ["LINGER_S", "Engine"]
 
 log = logging.getLogger("unison.torch")
+
+#: how long a rank with no work of its own waits for some before answering a peer's cycle
+LINGER_S = 0.002
 
 
 class Engine:
@@ -58,17 +72,23 @@ class Engine:
         self._new: list[Entry] = []
         self._pending: dict[str, Entry] = {}
         self._inbox: dict[int, dict[int, Any]] = {}
-        self._responses: dict[int, list[Response]] = {}
         self._gone: set[int] = set()
         self._error: BaseException | None = None
         self._closing = False
         self._kick = False
+        self._running = False  # a thread (engine or caller) is running a cycle
+        self._arrived = 0.0  # when the first peer message of the next cycle arrived
         self._cycle = 0
         # counts for tests and profiles: cycles run, control messages sent, responses
         # reduced inline (from the cycle messages, no data collective)
-        self.counts = {"cycles": 0, "control_sent": 0, "inline": 0}
+        # reduced inline (from the cycle messages, no data collective), cycles run on the
+        # caller's thread
+        self.counts = {"cycles": 0, "control_sent": 0, "inline": 0, "caller": 0}
         self.cache = ResponseCache(settings.cache_capacity)
-        self.coord = Coordinator(self.size) if self.me == 0 else None
+        # every rank keeps the coordinator's table (fed the same messages, it decides the
+        # same); rank 0 (the lead) also runs the stall inspector
+        self.coord = Coordinator(self.size)
+        self._lead = self.me == 0
         self.stall = StallInspector(
             self.size,
             settings.stall_check_time,
@@ -97,21 +117,55 @@ class Engine:
 
     # --- submission (user threads) --------------------------------------------------------
     def submit(self, entry: Entry) -> None:
-        name = entry.request.name
         with self._cv:
-            if self._error is not None:
-                raise HorovodInternalError(
-                    f"cannot submit {name!r}: the engine failed earlier: {self._error}"
-                ) from self._error
-            if self._closing:
-                raise HorovodInternalError(f"cannot submit {name!r}: Horovod has been shut down")
-            if name in self._pending or any(e.request.name == name for e in self._new):
-                raise ValueError(
-                    f"a tensor named {name!r} is already being processed; names of pending "
-                    "operations must be unique (synchronize the earlier one first)"
-                )
+            self._admit(entry)
             self._new.append(entry)
             self._cv.notify_all()
+
+    def run_blocking(self, entry: Entry) -> None:
+        """Submit ``entry`` for a caller that waits on it at once: when the engine is idle
+        the caller's thread runs the cycle itself (the engine thread takes over anything
+        the cycle leaves pending)."""
+        with self._cv:
+            self._admit(entry)
+            self._new.append(entry)
+            if (
+                self._running
+                or self._pending
+                or len(self._new) > 1
+                or self._kick
+                or self.settings.cycle_time > 0
+            ):
+                self._cv.notify_all()
+                return
+            self._running = True
+        try:
+            self.counts["caller"] += 1
+            self._run_cycle()
+        except BaseException as exc:
+            self._fail_all(exc)
+        finally:
+            with self._cv:
+                self._running = False
+                # the engine thread takes over what is left (and its stall checks)
+                if self._new or self._pending or self._kick or self._error:
+                    self._cv.notify_all()
+                elif (self._cycle + 1) in self._inbox:
+                    self._cv.notify_all()
+
+    def _admit(self, entry: Entry) -> None:
+        name = entry.request.name
+        if self._error is not None:
+            raise HorovodInternalError(
+                f"cannot submit {name!r}: the engine failed earlier: {self._error}"
+            ) from self._error
+        if self._closing:
+            raise HorovodInternalError(f"cannot submit {name!r}: Horovod has been shut down")
+        if name in self._pending or any(e.request.name == name for e in self._new):
+            raise ValueError(
+                f"a tensor named {name!r} is already being processed; names of pending "
+                "operations must be unique (synchronize the earlier one first)"
+            )
 
     @property
     def cycles(self) -> int:
@@ -161,10 +215,13 @@ class Engine:
             if msg == "bye":
                 self._gone.add(r)
             elif msg[0] == "C":
+                if msg[1] not in self._inbox:
+                    self._arrived = time.monotonic()
                 self._inbox.setdefault(msg[1], {})[r] = msg
-            elif msg[0] == "R":
-                self._responses[msg[1]] = msg[2]
-            self._cv.notify_all()
+            # a running cycle waits on the receives itself (Channel.pull) and whoever ends
+            # it wakes the loop if more is wanted: only an idle loop needs the news
+            if not self._running:
+                self._cv.notify_all()
 
     def _peer_error(self, peer: int, exc: BaseException) -> None:
         with self._cv:
@@ -175,8 +232,18 @@ class Engine:
             self._cv.notify_all()
 
     # --- the loop ----------------------------------------------------------------------------
+    def _linger(self) -> float:
+        """Seconds to wait before answering a peer's cycle with nothing of our own (0: now)."""
+        if self._pending or self._force or self.coord.busy:
+            return 0.0
+        return self._arrived + LINGER_S - time.monotonic()
+
     def _wanted(self) -> bool:
-        return bool(self._new) or self._kick or (self._cycle + 1) in self._inbox
+        if self._running:
+            return False
+        if self._new or self._kick:
+            return True
+        return (self._cycle + 1) in self._inbox and self._linger() <= 0
 
     def _loop(self) -> None:
         try:
@@ -187,20 +254,29 @@ class Engine:
                             raise self._error
                         if self._closing:
                             return
-                        self._cv.wait(self._idle_timeout())
+                        t = self._idle_timeout()
+                        if not self._running and (self._cycle + 1) in self._inbox:
+                            t = min(t, max(self._linger(), 1e-4))
+                        self._cv.wait(t)
                         self._housekeeping()
                     if self._error is not None:
                         raise self._error
+                    self._running = True
                 if self.settings.cycle_time > 0 and (self._cycle + 1) not in self._inbox:
                     with self._cv:  # Horovod's cycle time: gather more tensors first
                         self._cv.wait(self.settings.cycle_time)
-                self._run_cycle()
+                try:
+                    self._run_cycle()
+                finally:
+                    with self._cv:
+                        self._running = False
+                        self._cv.notify_all()
         except BaseException as exc:
             self._fail_all(exc)
 
     def _idle_timeout(self) -> float:
         t = self.settings.timeout / 3
-        due = self.stall.next_due(time.monotonic()) if self.coord is not None else None
+        due = self.stall.next_due(time.monotonic()) if self._lead else None
         return min(t, due) if due is not None else t
 
     def _housekeeping(self) -> None:
@@ -209,7 +285,7 @@ class Engine:
         if now - self._last_sent >= self.settings.timeout / 3:
             self._last_sent = now
             threading.Thread(target=self._ping, daemon=True).start()
-        if self.coord is not None:
+        if self._lead:
             warn, kill = self.stall.check(self._holders, now)
             if warn:
                 text = "; ".join(s.describe() for s in warn)
@@ -256,8 +332,11 @@ class Engine:
                 e.announced = True
             else:
                 ids.add(cid)
-        busy = self.coord is not None and (self.coord.busy or bool(self._force))
-        mine = ("C", k, ids_to_bits(ids), fresh, busy, payload(entries))
+        # rank 0 alone runs the stall inspector: what it shuts down travels in its message
+        force: dict[str, str] = {}
+        if self._lead and self._force:
+            force, self._force = self._force, {}
+        mine = ("C", k, ids_to_bits(ids), fresh, force, payload(entries))
         self.channel.send_all(mine)
         self.counts["cycles"] += 1
         self.counts["control_sent"] += self.size - 1
@@ -273,23 +352,22 @@ class Engine:
                         self._seen_joined.add(r)
                     else:
                         self._seen.setdefault(q.name, set()).add(r)
-        coordinated = any(m[3] for m in msgs.values()) or msgs[0][4]
+        # every rank holds every rank's message and the same coordinator table, so every
+        # rank decides alike: no round trip to a coordinator, even for new requests
+        coordinated = any(m[3] for m in msgs.values()) or bool(msgs[0][4]) or self.coord.busy
         if not coordinated:
             ready = bits_to_ids(and_bits([msgs[r][2] for r in range(self.size)]))
             responses = [self.cache.get(i) for i in ready]
-            if self.coord is not None:
+            if self._lead:
                 self._observe(msgs)
-        elif self.coord is not None:
+        else:
             for r in range(self.size):
                 m = msgs[r]
                 self.coord.add(r, m[3])
                 self.coord.add(r, [request_of(self.cache.get(i), r) for i in bits_to_ids(m[2])])
-            self._observe(msgs)
-            force, self._force = self._force, {}
-            responses = self.coord.ready(force)
-            self.channel.send_all(("R", k, responses))
-        else:
-            responses = self._await_responses(k)
+            if self._lead:
+                self._observe(msgs)
+            responses = self.coord.ready(msgs[0][4])
         if responses:
             self._execute(responses, [msgs[r][5] for r in range(self.size)])
 
@@ -299,7 +377,6 @@ class Engine:
         for r in range(self.size):
             for i in bits_to_ids(msgs[r][2]):
                 holders.setdefault(self.cache.get(i).name, set()).add(r)
-        assert self.coord is not None
         for name, reqs in self.coord.table.items():
             holders.setdefault(name, set()).update(reqs)
         for r in self.coord.joined:
@@ -310,8 +387,8 @@ class Engine:
 
     def _gather(self, k: int) -> dict[int, Any]:
         deadline = time.monotonic() + self.settings.timeout
-        with self._cv:
-            while True:
+        while True:
+            with self._cv:
                 got = self._inbox.get(k, {})
                 if len(got) == self.size - 1:
                     return dict(self._inbox.pop(k, {}))
@@ -325,35 +402,19 @@ class Engine:
                         f"{sorted(self._pending)[:8]}",
                         ranks=gone,
                     )
+                missing = [self.ranks[r] for r in range(self.size) if r != self.me and r not in got]
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = [
-                        self.ranks[r] for r in range(self.size) if r != self.me and r not in got
-                    ]
                     raise HorovodInternalError(
                         f"negotiation timed out after {self.settings.timeout:g}s; "
                         f"not heard from ranks {missing}",
                         ranks=missing,
                     )
-                self._cv.wait(min(left, 1.0))
-
-    def _await_responses(self, k: int) -> list[Response]:
-        deadline = time.monotonic() + self.settings.timeout
-        with self._cv:
-            while k not in self._responses:
-                if self._error is not None:
-                    raise self._error
-                if 0 in self._gone:
-                    raise HorovodInternalError("the coordinator (rank 0 of the set) shut down")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise HorovodInternalError(
-                        f"no response from the coordinator (rank {self.ranks[0]}) within "
-                        f"{self.settings.timeout:g}s",
-                        ranks=(self.ranks[0],),
-                    )
-                self._cv.wait(min(left, 1.0))
-            return self._responses.pop(k)
+                # wait on that peer's posted receive in this thread (no hand-off); taken
+                # under the lock: its message has not been delivered, so it lands there
+                peer = missing[0]
+                work = self.channel.posted(peer)
+            self.channel.pull(peer, work, min(left, 1.0))
 
     def _execute(self, responses: list[Response], parts: list[dict[str, bytes]]) -> None:
         now = time.perf_counter()

@@ -24,6 +24,7 @@ from .ops import (
     allreduce_async,
     allreduce_async_,
     alltoall_async,
+    blocking,
     broadcast_async,
     broadcast_async_,
     grouped_allgather_async,
@@ -61,7 +62,7 @@ class _Allreduce(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, name: Any, op: Op, pre: float, post: float, ps: ProcessSet
     ) -> Any:
         ctx.args = (op, pre, post, ps)
-        return synchronize(allreduce_async(tensor, None, name, op, pre, post, ps))
+        return blocking(allreduce_async, tensor, None, name, op, pre, post, ps)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -108,8 +109,8 @@ def allreduce_(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    out: torch.Tensor = synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    out: torch.Tensor = blocking(
+        allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set
     )
     return out
 
@@ -121,7 +122,7 @@ class _GroupedAllreduce(torch.autograd.Function):
     ) -> Any:
         ctx.args = (op, pre, post, ps)
         return tuple(
-            synchronize(grouped_allreduce_async(list(tensors), None, name, op, pre, post, ps))
+            blocking(grouped_allreduce_async, list(tensors), None, name, op, pre, post, ps)
         )
 
     @staticmethod
@@ -170,16 +171,21 @@ def grouped_allreduce_(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = synchronize(
-        grouped_allreduce_async_(
-            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set
-        )
+    out: list[torch.Tensor] = blocking(
+        grouped_allreduce_async_,
+        list(tensors),
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
     )
     return out
 
 
 def _my_offset(rows: int, ps: ProcessSet) -> int:
-    dims = synchronize(allgather_async(torch.tensor([rows], dtype=torch.int64), process_set=ps))
+    dims = blocking(allgather_async, torch.tensor([rows], dtype=torch.int64), process_set=ps)
     return int(dims[: ps.rank()].sum().item())
 
 
@@ -187,7 +193,7 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: Any, ps: ProcessSet) -> Any:
         ctx.rows, ctx.ps = tensor.shape[0], ps
-        return synchronize(allgather_async(tensor, name, ps))
+        return blocking(allgather_async, tensor, name, ps)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -208,7 +214,7 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: Any, ps: ProcessSet, *tensors: torch.Tensor) -> Any:
         ctx.rows, ctx.ps = [t.shape[0] for t in tensors], ps
-        return tuple(synchronize(grouped_allgather_async(list(tensors), name, ps)))
+        return tuple(blocking(grouped_allgather_async, list(tensors), name, ps))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
@@ -231,7 +237,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root: int, name: Any, ps: ProcessSet) -> Any:
         ctx.root, ctx.ps = root, ps
-        return synchronize(broadcast_async(tensor, root, name, ps))
+        return blocking(broadcast_async, tensor, root, name, ps)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -260,14 +266,14 @@ def broadcast_(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    out: torch.Tensor = synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    out: torch.Tensor = blocking(broadcast_async_, tensor, root_rank, name, process_set)
     return out
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: Any, ps: ProcessSet) -> Any:
-        out, received = synchronize(alltoall_async(tensor, splits, name, ps))
+        out, received = blocking(alltoall_async, tensor, splits, name, ps)
         ctx.received, ctx.ps = received, ps
         if splits is None:
             return out
@@ -297,7 +303,7 @@ class _Reducescatter(torch.autograd.Function):
         ctx: Any, tensor: torch.Tensor, name: Any, op: Op, ps: ProcessSet, pre: float, post: float
     ) -> Any:
         ctx.op, ctx.ps = op, ps
-        return synchronize(reducescatter_async(tensor, name, op, ps, pre, post))
+        return blocking(reducescatter_async, tensor, name, op, ps, pre, post)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -318,9 +324,7 @@ class _GroupedReducescatter(torch.autograd.Function):
         ctx: Any, name: Any, op: Op, ps: ProcessSet, pre: float, post: float, *tensors: torch.Tensor
     ) -> Any:
         ctx.op, ctx.ps = op, ps
-        return tuple(
-            synchronize(grouped_reducescatter_async(list(tensors), name, op, ps, pre, post))
-        )
+        return tuple(blocking(grouped_reducescatter_async, list(tensors), name, op, ps, pre, post))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:

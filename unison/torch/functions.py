@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .basics import ProcessSet, global_process_set
-from .ops import allgather_async, broadcast_async_, synchronize
+from .ops import allgather_async, blocking, broadcast_async_, synchronize
 
 __all__ = [
     "allgather_object",
@@ -68,10 +68,10 @@ def broadcast_object(
         length = torch.tensor([data.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    synchronize(broadcast_async_(length, root_rank, name=f"{name}.sz", process_set=process_set))
+    blocking(broadcast_async_, length, root_rank, name=f"{name}.sz", process_set=process_set)
     if rank() != root_rank:
         data = torch.empty(int(length.item()), dtype=torch.uint8)
-    synchronize(broadcast_async_(data, root_rank, name=f"{name}.t", process_set=process_set))
+    blocking(broadcast_async_, data, root_rank, name=f"{name}.t", process_set=process_set)
     if rank() == root_rank:
         return obj
     return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
@@ -85,14 +85,13 @@ def allgather_object(
     data = torch.frombuffer(
         bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8
     )
-    sizes = synchronize(
-        allgather_async(
-            torch.tensor([data.numel()], dtype=torch.int64),
-            name=f"{name}.sz",
-            process_set=process_set,
-        )
+    sizes = blocking(
+        allgather_async,
+        torch.tensor([data.numel()], dtype=torch.int64),
+        name=f"{name}.sz",
+        process_set=process_set,
     )
-    gathered = synchronize(allgather_async(data, name=f"{name}.t", process_set=process_set))
+    gathered = blocking(allgather_async, data, name=f"{name}.t", process_set=process_set)
     out, off = [], 0
     for n in sizes.tolist():
         out.append(pickle.loads(gathered[off : off + n].numpy().tobytes()))

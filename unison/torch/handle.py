@@ -1,54 +1,54 @@
-"""Handles of operations submitted to the engine, and the entries the engine keeps."""
+"""Handles of operations submitted to the engine, and the entries the engine keeps.
+
+:class:`Handle` is unison's one future type (:class:`unison.comm.work.Work`) with
+Horovod's surface on top: ``poll`` (``done``) never blocks, and ``synchronize``
+(``wait``) returns the operation's output -- the tensor, a list for grouped
+operations, a pair for alltoall -- where a plain Work's ``wait`` returns True.
+"""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..comm.work import Work
 from .negotiation import Request
 
 __all__ = ["Entry", "Handle"]
 
 
-class Handle:
-    """An operation in flight: ``poll()`` never blocks; ``wait()`` returns its result."""
+class Handle(Work):
+    """An operation in flight: ``done()`` never blocks; ``wait()`` returns its result."""
 
-    __slots__ = ("_error", "_event", "_result", "keep", "name", "source")
-
-    def __init__(self, name: str, keep: Any = None, source: Any = None) -> None:
-        self.name = name
+    def __init__(self, name: str, keep: Any = None, engine: Any = None) -> None:
+        super().__init__(name)
         self.keep = keep  # tensors that must outlive the operation
-        self.source = source  # the engine: says which ranks have not submitted it
-        self._event = threading.Event()
-        self._result: Any = None
-        self._error: BaseException | None = None
+        self.engine = engine  # says which ranks have not submitted it
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        if self._event.is_set():
-            return
-        self._result, self._error = result, error
-        self._event.set()
+        """Complete the handle once (later calls are ignored)."""
+        self._finish(result, error)
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
-    def wait(self, timeout: float | None, stalled: Callable[[], str] | None = None) -> Any:
+    def wait(self, timeout: float | None = None, stalled: Callable[[], str] | None = None) -> Any:
         """The result; ``timeout`` None waits as long as the engine lives (it fails the
-        handle when a peer is lost)."""
+        handle when a peer is lost). Past ``timeout``: Horovod's HorovodInternalError
+        naming the ranks that have not submitted the operation."""
         from .errors import HorovodInternalError
 
         if timeout is None:
-            self._event.wait()
+            self._wait_done(None)
         deadline = time.monotonic() + (timeout or 0.0)
-        while not self._event.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
+        while not self._wait_done(min(1.0, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 missing: list[int] = []
-                if self.source is not None:
-                    why = self.source.describe_stall(self.name)
-                    missing = self.source.missing_ranks(self.name) or []
+                if self.engine is not None:
+                    why = self.engine.describe_stall(self.name)
+                    missing = self.engine.missing_ranks(self.name) or []
                 else:
                     why = stalled() if stalled is not None else "it has not finished"
                 raise HorovodInternalError(
@@ -56,9 +56,13 @@ class Handle:
                     op=self.name,
                     ranks=missing,
                 )
-        if self._error is not None:
-            raise self._error
+        error = self.exception()
+        if error is not None:
+            raise error
         return self._result
+
+    def result(self) -> Any:
+        return self.wait()
 
     def __repr__(self) -> str:
         return f"<Handle {self.name} {'done' if self.done() else 'pending'}>"

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .execute import scale_, torch_dtype
 from .handle import Entry
 from .negotiation import Kind, Op, Response
 
@@ -43,8 +44,6 @@ def _eligible(e: Entry) -> bool:
 
 def payload(entries: list[Entry]) -> dict[str, bytes]:
     """This rank's bytes for its pending small all-reduces (pre-scaled, flattened)."""
-    from .execute import scale_
-
     out: dict[str, bytes] = {}
     left = INLINE_BUDGET
     for e in entries:
@@ -73,8 +72,6 @@ def runs_inline(resp: Response, parts: list[dict[str, bytes]]) -> bool:
 
 def reduce_inline(resp: Response, parts: list[dict[str, bytes]], size: int) -> torch.Tensor:
     """The reduced, post-scaled flat result of an inline response (rank order)."""
-    from .execute import scale_, torch_dtype
-
     q = resp.request
     dt = torch_dtype(q.dtype)
     vals = [torch.frombuffer(bytearray(p[resp.name]), dtype=dt) for p in parts]

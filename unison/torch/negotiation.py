@@ -11,8 +11,10 @@ responses in the same order.
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "Coordinator",
@@ -21,6 +23,7 @@ __all__ = [
     "Request",
     "Response",
     "join_error",
+    "parse_splits",
     "reducescatter_rows",
     "request_of",
     "validate",
@@ -265,3 +268,26 @@ def _replace(q: Request, **changes: object) -> Request:
     import dataclasses
 
     return dataclasses.replace(q, **changes)  # type: ignore[arg-type]
+
+
+def parse_splits(splits: Any) -> list[int]:
+    """Alltoall splits as ints: a 1-D integer tensor, or a sequence of ints."""
+    if hasattr(splits, "is_floating_point"):  # a torch tensor
+        if splits.is_floating_point() or splits.is_complex() or str(splits.dtype) == "torch.bool":
+            raise ValueError(f"splits must be a tensor of integers, got {splits.dtype}")
+        if splits.dim() != 1:
+            raise ValueError(f"splits must be a 1-D tensor, got {splits.dim()} dimensions")
+        return [int(x) for x in splits.tolist()]
+    try:
+        items = list(splits)
+    except TypeError:
+        raise ValueError(f"splits must be a sequence of integers, got {splits!r}") from None
+    out = []
+    for x in items:
+        if isinstance(x, (bool, float)):
+            raise ValueError(f"splits must be a sequence of integers, got {splits!r}")
+        try:
+            out.append(operator.index(x))
+        except TypeError:
+            raise ValueError(f"splits must be a sequence of integers, got {splits!r}") from None
+    return out

@@ -20,7 +20,7 @@ import torch
 from .basics import ProcessSet, engine_of, global_process_set, settings
 from .errors import HorovodInternalError
 from .handle import Entry, Handle
-from .negotiation import Kind, Op, Request
+from .negotiation import Kind, Op, Request, parse_splits
 
 __all__ = [
     "Adasum",
@@ -34,6 +34,7 @@ __all__ = [
     "allreduce_async_",
     "alltoall_async",
     "barrier",
+    "blocking",
     "broadcast_async",
     "broadcast_async_",
     "grouped_allgather_async",
@@ -68,6 +69,7 @@ _SUPPORTED = {
 }
 _names: dict[int | None, itertools.count[int]] = {}
 _names_lock = threading.Lock()
+_tls = threading.local()  # .blocking: the next submission is waited on at once
 
 
 def handle_average_backwards_compatibility(op: Any, average: Any) -> Op:
@@ -123,9 +125,25 @@ def _submit(
     finish: Callable[[Entry, Any], Any],
 ) -> Handle:
     engine = engine_of(ps)
-    handle = Handle(req.name, keep=(inputs, outputs), source=engine)
-    engine.submit(Entry(req, inputs, outputs, handle, finish))
+    handle = Handle(req.name, keep=(inputs, outputs), engine=engine)
+    entry = Entry(req, inputs, outputs, handle, finish)
+    if getattr(_tls, "blocking", False):
+        _tls.blocking = False
+        engine.run_blocking(entry)  # an idle engine: this thread runs the cycle
+    else:
+        engine.submit(entry)
     return handle
+
+
+def blocking(fn: Callable[..., Handle], *args: Any, **kwargs: Any) -> Any:
+    """``synchronize(fn(*args, **kwargs))`` for an ``*_async`` function ``fn``; when the engine is
+    idle the negotiation and execution run on this thread (no hand-off to the engine)."""
+    _tls.blocking = True
+    try:
+        handle = fn(*args, **kwargs)
+    finally:
+        _tls.blocking = False
+    return synchronize(handle)
 
 
 def _first(_: Entry, produced: Any) -> Any:
@@ -349,7 +367,7 @@ def alltoall_async(
             )
         sp = [t.shape[0] // n] * n
     else:
-        sp = _splits(splits)
+        sp = parse_splits(splits)
         if len(sp) != n:
             raise ValueError("Number of entries in splits does not equal number of workers.")
         if any(x < 0 for x in sp):
@@ -367,29 +385,6 @@ def alltoall_async(
     )
     recv_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
     return _submit(process_set, req, [t], None, lambda _e, out: (out[0], out[1].to(recv_dtype)))
-
-
-def _splits(splits: Any) -> list[int]:
-    """Alltoall splits as ints: a 1-D integer tensor, or a sequence of ints."""
-    if isinstance(splits, torch.Tensor):
-        if splits.is_floating_point() or splits.is_complex() or splits.dtype is torch.bool:
-            raise ValueError(f"splits must be a tensor of integers, got {splits.dtype}")
-        if splits.dim() != 1:
-            raise ValueError(f"splits must be a 1-D tensor, got {splits.dim()} dimensions")
-        return [int(x) for x in splits.tolist()]
-    try:
-        items = list(splits)
-    except TypeError:
-        raise ValueError(f"splits must be a sequence of integers, got {splits!r}") from None
-    out = []
-    for x in items:
-        if isinstance(x, (bool, float)):
-            raise ValueError(f"splits must be a sequence of integers, got {splits!r}")
-        try:
-            out.append(operator.index(x))
-        except TypeError:
-            raise ValueError(f"splits must be a sequence of integers, got {splits!r}") from None
-    return out
 
 
 # --- reducescatter --------------------------------------------------------------------------------
@@ -466,7 +461,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the set reaches the barrier."""
     engine_of(process_set)
     req = Request(_auto_name("barrier", None, process_set), Kind.BARRIER)
-    synchronize(_submit(process_set, req, [], None, _same))
+    blocking(_submit, process_set, req, [], None, _same)
 
 
 def join(device: int = -1) -> int:

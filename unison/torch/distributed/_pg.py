@@ -38,7 +38,13 @@ _OPS = {
 }
 
 
+_BY_TYPE = {getattr(dist.ReduceOp.RedOpType, n): u for n, u in _OPS.items()}
+
+
 def _op(op: Any) -> ReduceOp:
+    uop = _BY_TYPE.get(getattr(op, "op", op))  # ReduceOp -> its RedOpType: one dict look-up
+    if uop is not None:
+        return uop
     for name, uop in _OPS.items():
         if op == getattr(dist.ReduceOp, name):
             return uop
@@ -133,6 +139,9 @@ class UnisonProcessGroup(dist.ProcessGroup):
             )
         return self._ranks[int(group_rank)]
 
+    def _label(self, name: str) -> str:
+        return f"{name} on rank {self._comm.global_rank}"
+
     def _work(
         self,
         name: str,
@@ -142,7 +151,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         source: Callable[[], int] | None = None,
     ) -> UnisonWork:
         return UnisonWork(
-            f"{name} on rank {self._comm.global_rank}",
+            self._label(name),
             [p for p in parts if p is not None],
             result,
             stage.finish(),
@@ -164,6 +173,13 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> UnisonWork:
         op = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp)
+        if len(tensors) == 1:
+            t = tensors[0]
+            if t.device.type == "cpu" and t.dtype != torch.bfloat16 and t.is_contiguous():
+                # the common case: unison reduces the tensor's own memory (a numpy view),
+                # in place; nothing to stage or copy back
+                part = self._start(_c.all_reduce, self._comm, t, op, _async(opts))
+                return UnisonWork(self._label("all_reduce"), [part] if part else [], tensors)
         st = _Stage()
         bufs = [st(t) for t in tensors]
         parts = [self._start(_c.all_reduce, self._comm, b, op, _async(opts)) for b in bufs]

@@ -83,6 +83,8 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
         self._finished = False
         self._error: BaseException | None = None
         self._future: torch.futures.Future[Any] | None = None
+        if not self._parts and finish is None:
+            self._finished = True  # a blocking call that ran inline, or nothing to do
 
     # --- completion --------------------------------------------------------------------
     def _settle(self, timeout: float | None) -> bool:
@@ -163,16 +165,35 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
         self.wait()
 
     def get_future(self) -> torch.futures.Future[Any]:
+        """A future completed by whoever finishes the operation: the group's engine for
+        collectives (callbacks, no thread), a waiter thread only for p2p requests, whose
+        progress is made by waiting."""
         with self._lock:
-            if self._future is None:
-                self._future = torch.futures.Future()
-                if self._finished:
-                    self._complete_future(self._future)
-                else:
-                    threading.Thread(
-                        target=self._settle_quietly, name="unison-c10d-future", daemon=True
-                    ).start()
-            return self._future
+            if self._future is not None:
+                return self._future
+            fut = self._future = torch.futures.Future()
+            if self._finished:
+                self._complete_future(fut)
+                return fut
+        if all(p.pushed for p in self._parts):
+            left = [len(self._parts)]
+
+            def one_done(_: UWork) -> None:
+                with self._lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    self._settle_quietly()  # every part is done: this does not block
+
+            for p in self._parts:
+                p.add_done_callback(one_done)
+            if not self._parts:
+                self._settle_quietly()
+        else:
+            threading.Thread(
+                target=self._settle_quietly, name="unison-c10d-future", daemon=True
+            ).start()
+        return fut
 
     def _settle_quietly(self) -> None:
         try:
