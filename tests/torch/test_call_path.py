@@ -154,3 +154,20 @@ def test_an_idle_engine_runs_blocking_calls_on_the_callers_thread() -> None:
     [(c0, c1, vals)] = hvd_spawn(_single, 1)
     assert c1 - c0 == 5
     assert vals == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def _names_after_reinit() -> list[str]:
+    import unison.torch as hvd
+    from unison.torch.ops import _auto_name
+
+    first = [_auto_name("allreduce", None, hvd.global_process_set) for _ in range(3)]
+    hvd.shutdown()
+    hvd.init()  # an elastic reset does this on the survivors; new ranks start fresh
+    return [*first, _auto_name("allreduce", None, hvd.global_process_set)]
+
+
+def test_generated_names_restart_after_shutdown_and_init() -> None:
+    # survivors of an elastic reset and the ranks that join the new world must generate
+    # the same names for unnamed tensors, or the first unnamed allreduce never matches
+    [names] = hvd_spawn(_names_after_reinit, 1)
+    assert names == [f"allreduce.noname.{i}" for i in (0, 1, 2, 0)]

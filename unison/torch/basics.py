@@ -238,6 +238,11 @@ def shutdown() -> None:
         tl.close()
     if owns:
         _un.shutdown()
+    # generated names (``allreduce.noname.N``) start again at 0: after an elastic reset the
+    # survivors and the ranks that join the new world then generate the same names
+    from .ops import reset_generated_names
+
+    reset_generated_names()
 
 
 atexit.register(shutdown)

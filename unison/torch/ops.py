@@ -93,6 +93,13 @@ def handle_average_backwards_compatibility(op: Any, average: Any) -> Op:
     return Op.AVERAGE
 
 
+def reset_generated_names() -> None:
+    """Restart the generated-name counters (``hvd.shutdown()`` does, so every rank of the
+    next world, new or surviving, counts from 0)."""
+    with _names_lock:
+        _names.clear()
+
+
 def _auto_name(kind: str, name: str | None, ps: ProcessSet) -> str:
     """``name``, or the next generated one; counted per process set, so ranks that run
     the same operations on a set generate the same names whatever else they run."""
