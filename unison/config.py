@@ -168,7 +168,8 @@ KNOBS: tuple[Knob, ...] = (
         "small_bytes",
         4096,
         _size,
-        "world collectives up to this size on one host take the shared slot path; 0: off",
+        "world collectives up to this size on one host take the shared slot path (not while "
+        "UNISON_ALGO forces algorithms); 0: off",
     ),
     Knob(
         "UNISON_LOG_LEVEL",

@@ -41,8 +41,11 @@ _B8, _B16, _B32 = 0xFF, 0xFFFF, 0xFFFFFFFF
 
 
 def slots_for(rt: Runtime, comm: Group, nbytes: int) -> SeqSlots | None:
-    """The world's slots when this call may use them (the same answer on every rank)."""
-    if comm.id != 0:
+    """The world's slots when this call may use them (the same answer on every rank).
+
+    Never when ``UNISON_ALGO`` forces an algorithm: a forced algorithm runs (or is
+    refused as ineligible) at every size, so the slots do not bypass it."""
+    if comm.id != 0 or rt.overrides:
         return None
     slots = rt.fabric.seqslots
     if slots is None or nbytes > slots.slot_bytes:
