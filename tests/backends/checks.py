@@ -158,6 +158,41 @@ def check_p2p() -> None:
     un.barrier()
 
 
+def check_any_source() -> None:
+    """recv/irecv without a source, as on the native engine: the first message of any
+    rank of the group; the sender (a global rank) is returned and is the Work's source."""
+    r, p = un.rank(), un.size()
+    if r == 0:
+        senders = []
+        for _ in range(p - 1):
+            buf = np.empty(8, np.int64)
+            src = un.recv(buf)
+            assert (buf == 1000 + src).all(), (src, buf)
+            senders.append(src)
+        assert sorted(senders) == list(range(1, p)), senders
+        f = np.empty(3, np.float32)
+        w = un.irecv(f, tag=5)
+        w.wait()
+        assert w.source == p - 1 and (f == p - 1).all(), (w.source, f)
+        w = un.irecv(f, p - 1, tag=6)  # a receive from a named rank names it too
+        w.wait()
+        assert w.source == p - 1 and (f == -1).all(), (w.source, f)
+    else:
+        un.send(np.full(8, 1000 + r, np.int64), 0)
+        if r == p - 1:
+            un.send(np.full(3, r, np.float32), 0, tag=5)
+            un.send(np.full(3, -1, np.float32), 0, tag=6)
+    # a sub-group: the engine's rank in the group becomes the global rank
+    g = un.new_group([0, p - 1])
+    if r == 0:
+        buf = np.empty(2, np.int32)
+        assert un.recv(buf, tag=9, group=g) == p - 1
+        assert (buf == 7).all()
+    elif r == p - 1:
+        un.send(np.full(2, 7, np.int32), 0, tag=9, group=g)
+    un.barrier()
+
+
 def check_objects() -> None:
     r, p = un.rank(), un.size()
     obj = un.broadcast_object({"step": 5, "who": r} if r == 0 else None, src=0)
@@ -174,6 +209,7 @@ CHECKS = [
     check_gather_scatter_family,
     check_async_and_groups,
     check_p2p,
+    check_any_source,
     check_objects,
 ]
 

@@ -97,3 +97,47 @@ def test_device_tensors_pass_only_where_the_engine_moves_them() -> None:
     b = as_buffer(t, device_ok=True)
     assert b.on_device and b.count == 12 and b.nbytes == 48 and b.source is t
     assert not as_buffer(torch.zeros(2)).on_device
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize(
+    "dtype,code",
+    [(np.float16, DType.FLOAT16), (np.float32, DType.FLOAT32), (np.float64, DType.FLOAT64)],
+)
+def test_float_kernels_overflow_silently(dtype: type, code: DType) -> None:
+    """A float reduction that overflows gives inf (or nan for inf + -inf) without
+    numpy's RuntimeWarning, as Gloo and MPI reduce; the error state is restored."""
+    big = np.finfo(dtype).max
+    for n in (3, 5000):  # small and large arrays
+        a = np.full(n, big, dtype)
+        out = np.empty_like(a)
+        kernel(ReduceOp.SUM, code)(a, a, out)
+        assert np.isposinf(out).all()
+        kernel(ReduceOp.PRODUCT, code)(a, -a, out)
+        assert np.isneginf(out).all()
+        kernel(ReduceOp.SUM, code)(out, -out, out)
+        assert np.isnan(out).all()
+    with pytest.raises(RuntimeWarning, match="overflow"):
+        np.add(a, a)  # outside the kernel numpy's own state is untouched
+
+
+def _overflow_all_reduce() -> list[float]:
+    import warnings
+
+    import unison as un
+
+    warnings.simplefilter("error")
+    x = np.full(4, np.finfo(np.float32).max, np.float32)
+    un.all_reduce(x)  # SUM over 2 ranks
+    y = np.full(3000, np.finfo(np.float32).max, np.float32)
+    un.all_reduce(y)
+    assert np.isposinf(y).all()
+    return [float(v) for v in x]
+
+
+@pytest.mark.timeout(60)
+def test_overflowing_all_reduce_is_silent() -> None:
+    from unison.testing import spawn
+
+    for got in spawn(_overflow_all_reduce, 2, timeout=50):
+        assert got == [float("inf")] * 4

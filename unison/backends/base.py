@@ -39,6 +39,7 @@ def poll_work(
     done: Callable[[], Any] | None = None,
     block: Callable[[], Any] | None = None,
     on_error: Callable[[BaseException], None] | None = None,
+    source: Callable[[], int] | None = None,
 ) -> Work:
     """A Work over an engine request: ``test()`` says done (raising its error), ``done()``
     post-processes (AVG division, copies) and gives the result, all within ``timeout``.
@@ -47,7 +48,8 @@ def poll_work(
     request is polled (:class:`Work`'s wait loop yields, then backs off). ``block``, where
     the engine has a wait bounded by its own timeout (Gloo, NCCL), serves a wait without
     a timeout instead. ``on_error`` is told when the engine failed or timed out (the
-    group's state is then unknown).
+    group's state is then unknown). ``source``, for a receive, names the sender (a
+    global rank) once it finished: the Work's ``source``, as on the native engine.
     """
     deadline = time.monotonic() + timeout
     lock = threading.Lock()
@@ -78,6 +80,8 @@ def poll_work(
                     )
                     return True
                 result = done() if done is not None else None
+                if source is not None:
+                    work.source = source()
             except UnisonError as exc:
                 work._finish(error=exc)
             except BaseException as exc:

@@ -17,6 +17,7 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import Buffer, DType, finalize_average
+from ..comm.group import ANY_SOURCE
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
 from .base import BackendRuntime, check_launch, comm_error, poll_work
@@ -257,36 +258,45 @@ class MPIBackend:
         return poll_work(name, req.Test, self.timeout, lambda e: comm_error("mpi", name, e))
 
     def irecv(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
-        c, src, t = self._c(comm), comm.ranks.index(peer), self._tag(tag)
-        name = f"recv from rank {peer} (tag {tag}, mpi)"
+        c, t = self._c(comm), self._tag(tag)
+        anyone = peer == ANY_SOURCE
+        src = self.MPI.ANY_SOURCE if anyone else comm.ranks.index(peer)
+        name = f"recv from {'any rank' if anyone else f'rank {peer}'} (tag {tag}, mpi)"
         status = self.MPI.Status()
         try:
             req = c.Irecv(_bytes(b.array), src, t)
         except self.MPI.Exception as exc:
             raise comm_error("mpi", name, exc) from exc
 
+        def sender() -> int:
+            """The sender's global rank (the status names its rank in the communicator)."""
+            return int(comm.ranks[status.Get_source()]) if anyone else peer
+
         def done() -> Any:
             got = status.Get_count(self.MPI.BYTE)
             if got != b.nbytes:
+                who = sender()
                 raise MismatchError(
-                    f"{name}: rank {peer} sent {got} bytes but rank {comm.global_rank} expects "
+                    f"{name}: rank {who} sent {got} bytes but rank {comm.global_rank} expects "
                     f"{b.nbytes}",
                     op=name,
-                    ranks=(peer, comm.global_rank),
+                    ranks=(who, comm.global_rank),
                 )
             return b.source
 
         def translate(e: BaseException) -> BaseException:
             if "truncat" in str(e).lower():
+                who = "any rank" if anyone else f"rank {peer}"
                 return MismatchError(
-                    f"{name}: the message from rank {peer} is larger than the "
-                    f"{b.nbytes}-byte buffer",
+                    f"{name}: the message from {who} is larger than the {b.nbytes}-byte buffer",
                     op=name,
-                    ranks=(peer, comm.global_rank),
+                    ranks=(comm.global_rank,) if anyone else (peer, comm.global_rank),
                 )
             return comm_error("mpi", name, e)
 
-        return poll_work(name, lambda: bool(req.Test(status)), self.timeout, translate, done)
+        return poll_work(
+            name, lambda: bool(req.Test(status)), self.timeout, translate, done, source=sender
+        )
 
     # --- groups ----------------------------------------------------------------------------------
     def new_group(self, gid: int, ranks: Sequence[int]) -> None:

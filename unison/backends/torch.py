@@ -24,6 +24,7 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import Buffer, DType, finalize_average, is_torch_tensor
+from ..comm.group import ANY_SOURCE
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
 from .base import BackendRuntime, check_launch, comm_error, poll_work
@@ -171,6 +172,7 @@ class TorchBackend:
         start: Callable[[], list[Any]],
         done: Callable[[], Any] | None = None,
         p2p: bool = False,
+        source: Callable[[], int] | None = None,
     ) -> Work:
         name = what if p2p else f"{what} (group {comm.id}, torch)"
         try:
@@ -200,7 +202,9 @@ class TorchBackend:
                     raise errors[0]
                 return True
 
-            return poll_work(name, p2p_test, self.timeout, lambda e: self._error(name, e), done)
+            return poll_work(
+                name, p2p_test, self.timeout, lambda e: self._error(name, e), done, source=source
+            )
 
         def test() -> bool:
             if not all(w.is_completed() for w in works):
@@ -382,17 +386,23 @@ class TorchBackend:
 
     def irecv(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         t = self._t(b.array.view(np.uint8), DType.UINT8)
-        name = f"recv from rank {peer} (tag {tag}, torch)"
+        anyone = peer == ANY_SOURCE
+        name = f"recv from {'any rank' if anyone else f'rank {peer}'} (tag {tag}, torch)"
+        posted: list[Any] = []
+
+        def start() -> list[Any]:
+            # src=None: torch's receive from any rank of the group (recv_anysource)
+            posted.append(self.dist.irecv(t, None if anyone else peer, self._g(comm), tag))
+            return posted
+
+        def sender() -> int:
+            """The sender's global rank (torch's work names its rank in the group)."""
+            return int(comm.ranks[posted[0]._source_rank()]) if anyone else peer
+
         try:
-            w = self._run(
-                comm,
-                name,
-                lambda: [self.dist.irecv(t, peer, self._g(comm), tag)],
-                lambda: b.source,
-                p2p=True,
-            )
+            w = self._run(comm, name, start, lambda: b.source, p2p=True, source=sender)
         except Exception as exc:
-            raise MismatchError(f"{name}: {exc}", op=name, ranks=(peer,)) from exc
+            raise MismatchError(f"{name}: {exc}", op=name, ranks=() if anyone else (peer,)) from exc
         return w
 
     # --- groups ----------------------------------------------------------------------------------
