@@ -118,8 +118,8 @@ def allreduce_grads(
         else:
             ys = reduce([grads[i] for i in idx])
     elif backend == "torch":
+        from ..torch.collectives import grouped_allreduce as torch_grouped
         from ..torch.compression import Compression as TorchCompression
-        from ..torch.functional import grouped_allreduce as torch_grouped
 
         ts = [grads[i] for i in idx]
         if is_fp16(compression):

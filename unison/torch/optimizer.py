@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from .basics import ProcessSet, global_process_set
+from .collectives import sparse_allreduce_async
 from .compression import Compression, Compressor
-from .functional import sparse_allreduce_async
 from .negotiation import HvdOp
 from .ops import Average, allreduce_async_, grouped_allreduce_async_, synchronize
 
