@@ -3,7 +3,7 @@
 Builds two network namespaces on one switch (``tests/hosts/bridged.py``; needs root and
 iproute2), limits each host's NIC with tbf (``--rate``, default 1gbit), and runs
 ``unison run -np 4 -H h0:2,h1:2 --rsh 'ip netns exec {host}'`` twice, with
-``UNISON_ALGO=allreduce:ring`` and ``allreduce:hierarchical``. Prints nccl-tests style
+``UNISON_ALGO=all_reduce:ring`` and ``all_reduce:hierarchical``. Prints nccl-tests style
 rows (algbw = bytes / time, busbw = algbw x 2(p-1)/p) and the hierarchical/flat ratio::
 
     sudo .venv/bin/python examples/multihost_allreduce.py --rate 1gbit --json out.json
@@ -65,7 +65,7 @@ def main() -> int:
             hosts.shape(args.rate)
         results = {}
         for algo in ("ring", "hierarchical"):
-            env = dict(os.environ, UNISON_ALGO=f"allreduce:{algo}", PYTHONPATH=str(ROOT))
+            env = dict(os.environ, UNISON_ALGO=f"all_reduce:{algo}", PYTHONPATH=str(ROOT))
             spec = ",".join(f"{n}:{args.per_host}" for n in hosts.names)
             cmd = [
                 sys.executable, "-m", "unison.launch.cli", "run", "--no-prefix",

@@ -53,6 +53,9 @@ ENV_CROSS_SIZE = "UNISON_CROSS_SIZE"
 ENV_STORE_ADDR = "UNISON_STORE_ADDR"  # host:port of the rendezvous store
 ENV_SECRET = "UNISON_SECRET"  # hex job secret; authenticates store and peers
 ENV_JOB_ID = "UNISON_JOB_ID"
+
+# older collective spellings in UNISON_ALGO (unison.algorithms.select.ALIASES, kept equal)
+_ALGO_ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "alltoall": "all_to_all"}
 ENV_HOST_ID = "UNISON_HOST_ID"  # overrides the detected host identity
 ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob, read by job detection too
 ENV_NUM_SERVERS = "UNISON_NUM_SERVERS"  # parameter-server processes: the last N ranks
@@ -140,7 +143,11 @@ KNOBS: tuple[Knob, ...] = (
         "default deadline in seconds of every blocking call",
     ),
     Knob(
-        "UNISON_ALGO", "algo", "", str, "force algorithms, e.g. 'allreduce:ring,broadcast:binomial'"
+        "UNISON_ALGO",
+        "algo",
+        "",
+        str,
+        "force algorithms, e.g. 'all_reduce:ring,broadcast:binomial'",
     ),
     Knob(
         "UNISON_TRANSPORT",
@@ -354,7 +361,8 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def algo_overrides(self) -> dict[str, str]:
-        """``UNISON_ALGO`` as {collective: algorithm}."""
+        """``UNISON_ALGO`` as {collective: algorithm}, collectives spelled as the public
+        API spells them (the older ``allreduce``, ``allgather``, ``alltoall`` map there)."""
         out: dict[str, str] = {}
         for item in self.algo.split(","):
             item = item.strip()
@@ -365,7 +373,8 @@ class Config:
                 raise InvalidArgumentError(
                     f"UNISON_ALGO entry {item!r} is not of the form collective:algorithm"
                 )
-            out[coll.strip().lower()] = name.strip().lower()
+            key = coll.strip().lower()
+            out[_ALGO_ALIASES.get(key, key)] = name.strip().lower()
         return out
 
 

@@ -5,12 +5,12 @@ The predictions are the selector's own: each algorithm's ``cost(p, n, link)`` fr
 host) or :class:`~unison.link.TwoLevelLink` (``--hosts`` > 1: α/β of the
 network between hosts, ``--intra`` between the ranks of one host). Algorithms:
 
-* ``ring``: flat ring (reduce-scatter + all-gather), :mod:`.allreduce_ring`;
-* ``rd``: recursive doubling, :mod:`.allreduce_recursive_doubling`;
+* ``ring``: flat ring (reduce-scatter + all-gather), :mod:`.all_reduce_ring`;
+* ``rd``: recursive doubling, :mod:`.all_reduce_recursive_doubling`;
 * ``tree``: binomial reduce to rank 0 then binomial broadcast (the selector's
   ``reduce`` and ``broadcast`` costs added);
 * ``hierarchical``: intra-host reduce-scatter, inter-host all-reduce per slice,
-  intra-host all-gather, :mod:`.allreduce_hierarchical` (needs ``--hosts`` ≥ 2);
+  intra-host all-gather, :mod:`.all_reduce_hierarchical` (needs ``--hosts`` ≥ 2);
 * ``shm``: the direct shared-memory algorithm (``--link shm`` only).
 
 Bus bandwidth follows nccl-tests: algbw = n / t, busbw = algbw · 2(p−1)/p.
@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .algorithms import (
-    allreduce_hierarchical,
-    allreduce_recursive_doubling,
-    allreduce_ring,
-    allreduce_shm,
+    all_reduce_hierarchical,
+    all_reduce_recursive_doubling,
+    all_reduce_ring,
+    all_reduce_shm,
     broadcast_binomial,
     reduce_binomial,
 )
@@ -60,11 +60,11 @@ def _tree(p: int, n: int, link: Link) -> float:
 
 #: name -> (cost function, the selector's name for it or "" when not an all-reduce choice)
 ALGOS: dict[str, tuple[Cost, str]] = {
-    "ring": (allreduce_ring.cost, allreduce_ring.NAME),
+    "ring": (all_reduce_ring.cost, all_reduce_ring.NAME),
     "tree": (_tree, ""),
-    "rd": (allreduce_recursive_doubling.cost, allreduce_recursive_doubling.NAME),
-    "hierarchical": (allreduce_hierarchical.cost, allreduce_hierarchical.NAME),
-    "shm": (allreduce_shm.cost, allreduce_shm.NAME),
+    "rd": (all_reduce_recursive_doubling.cost, all_reduce_recursive_doubling.NAME),
+    "hierarchical": (all_reduce_hierarchical.cost, all_reduce_hierarchical.NAME),
+    "shm": (all_reduce_shm.cost, all_reduce_shm.NAME),
 }
 
 _SIZE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -153,7 +153,7 @@ def predict(algo: str, p: int, n: int, link: Link) -> Prediction:
 
 def selected(p: int, n: int, link: Link) -> str:
     """The algorithm unison's selector would run for this all-reduce."""
-    name = choose("allreduce", p, n, link, {}).name
+    name = choose("all_reduce", p, n, link, {}).name
     return next((k for k, (_, sel) in ALGOS.items() if sel == name), name)
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 
 from unison.algorithms import REGISTRY, Link, Topology, choose
-from unison.config import load_config
+from unison.algorithms.select import ALIASES
+from unison.config import _ALGO_ALIASES, load_config
 from unison.errors import InvalidArgumentError, UnsupportedError
 
 LINK = Link(alpha=40e-6, beta=1 / 1.5e9, gamma=1 / 4e9)
 
 
 def test_small_messages_pick_recursive_doubling_large_pick_ring() -> None:
-    assert choose("allreduce", 8, 8, LINK, {}).name == "recursive_doubling"
-    assert choose("allreduce", 8, 64 << 20, LINK, {}).name == "ring"
+    assert choose("all_reduce", 8, 8, LINK, {}).name == "recursive_doubling"
+    assert choose("all_reduce", 8, 64 << 20, LINK, {}).name == "ring"
 
 
 def test_every_algorithm_has_cost_and_supports() -> None:
@@ -26,24 +27,55 @@ def test_every_algorithm_has_cost_and_supports() -> None:
 
 
 def test_costs_follow_the_alpha_beta_model() -> None:
-    from unison.algorithms import allreduce_ring
+    from unison.algorithms import all_reduce_ring
 
     p, n = 4, 1 << 20
     want = 2 * 3 * LINK.alpha + 2 * 0.75 * n * LINK.beta + 0.75 * n * LINK.gamma
-    assert allreduce_ring.cost(p, n, LINK) == pytest.approx(want)
+    assert all_reduce_ring.cost(p, n, LINK) == pytest.approx(want)
 
 
 def test_override_forces_and_rejects_unknown() -> None:
-    assert choose("allreduce", 8, 64 << 20, LINK, {"allreduce": "recursive_doubling"}).forced
-    with pytest.raises(UnsupportedError, match="known allreduce algorithms: ring"):
-        choose("allreduce", 8, 8, LINK, {"allreduce": "nope"})
+    assert choose("all_reduce", 8, 64 << 20, LINK, {"all_reduce": "recursive_doubling"}).forced
+    with pytest.raises(UnsupportedError, match="known all_reduce algorithms: ring"):
+        choose("all_reduce", 8, 8, LINK, {"all_reduce": "nope"})
 
 
 def test_algo_knob_parsing() -> None:
-    cfg = load_config({"UNISON_ALGO": "allreduce:ring, broadcast:binomial"})
-    assert cfg.algo_overrides() == {"allreduce": "ring", "broadcast": "binomial"}
+    cfg = load_config({"UNISON_ALGO": "all_reduce:ring, broadcast:binomial"})
+    assert cfg.algo_overrides() == {"all_reduce": "ring", "broadcast": "binomial"}
     with pytest.raises(InvalidArgumentError, match="collective:algorithm"):
         load_config({"UNISON_ALGO": "ring"})
+
+
+def test_old_collective_spellings_select_the_same_algorithm() -> None:
+    """UNISON_ALGO is user-facing: ``allreduce``/``allgather``/``alltoall`` still work."""
+    assert _ALGO_ALIASES == ALIASES
+    old = load_config({"UNISON_ALGO": "allreduce:ring,allgather:shm,alltoall:pairwise"})
+    assert old.algo_overrides() == {
+        "all_reduce": "ring",
+        "all_gather": "shm",
+        "all_to_all": "pairwise",
+    }
+    for coll, spelled in (("all_reduce", "allreduce"), ("all_gather", "allgather")):
+        new = choose(coll, 8, 8, LINK, {})
+        assert choose(spelled, 8, 8, LINK, {}).name == new.name
+        assert choose(spelled, 8, 8, LINK, {}).collective == coll
+    forced = choose("allreduce", 8, 8, LINK, old.algo_overrides())
+    assert forced.forced and forced.name == "ring" and forced.collective == "all_reduce"
+    assert forced.module is choose("all_reduce", 8, 8, LINK, {"all_reduce": "ring"}).module
+    assert sorted(REGISTRY) == sorted(
+        [
+            "all_reduce",
+            "broadcast",
+            "reduce",
+            "all_gather",
+            "reduce_scatter",
+            "all_to_all",
+            "gather",
+            "scatter",
+            "barrier",
+        ]
+    )
 
 
 def test_eligibility_comes_from_the_topology() -> None:
@@ -55,15 +87,15 @@ def test_eligibility_comes_from_the_topology() -> None:
     shared = SharedLink()
     world = Topology(shared, shared=True, hosts=((0, 1, 2, 3),))
     sub = Topology(shared, shared=False, hosts=((0, 1),))  # a sub-group: no shared slots
-    assert choose("allreduce", 4, 1 << 20, world, {"allreduce": "shm"}).name == "shm"
-    assert choose("allreduce", 2, 1 << 20, sub, {}).name != "shm"
-    with pytest.raises(UnsupportedError, match=r"allreduce:shm.*needs every rank on one host"):
-        choose("allreduce", 2, 1 << 20, sub, {"allreduce": "shm"})
+    assert choose("all_reduce", 4, 1 << 20, world, {"all_reduce": "shm"}).name == "shm"
+    assert choose("all_reduce", 2, 1 << 20, sub, {}).name != "shm"
+    with pytest.raises(UnsupportedError, match=r"all_reduce:shm.*needs every rank on one host"):
+        choose("all_reduce", 2, 1 << 20, sub, {"all_reduce": "shm"})
     with pytest.raises(UnsupportedError, match="needs ranks on more than one host"):
-        choose("allreduce", 4, 1 << 20, world, {"allreduce": "hierarchical"})
+        choose("all_reduce", 4, 1 << 20, world, {"all_reduce": "hierarchical"})
     two = TwoLevelLink(intra=Link(), hosts=2, per_host=2)
     assert Topology.of(two).hosts == ((0, 1), (2, 3))
-    assert choose("allreduce", 4, 1 << 20, two, {"allreduce": "hierarchical"}).forced
+    assert choose("all_reduce", 4, 1 << 20, two, {"all_reduce": "hierarchical"}).forced
     uneven = Topology(two, hosts=((0, 1, 2), (3,)))
     with pytest.raises(UnsupportedError, match="the same number on each"):
-        choose("allreduce", 4, 1 << 20, uneven, {"allreduce": "hierarchical"})
+        choose("all_reduce", 4, 1 << 20, uneven, {"all_reduce": "hierarchical"})

@@ -106,7 +106,7 @@ def test_data_movement(p: int, small_segments: dict[str, str]) -> None:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("algo", ["allreduce:ring", "allreduce:recursive_doubling"])
+@pytest.mark.parametrize("algo", ["all_reduce:ring", "all_reduce:recursive_doubling"])
 @pytest.mark.parametrize("p", [2, 3, 5, 7])
 def test_forced_allreduce_algorithms(p: int, algo: str) -> None:
     def body() -> None:

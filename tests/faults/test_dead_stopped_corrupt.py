@@ -139,7 +139,7 @@ def test_corrupted_frame_fails_cleanly_naming_the_sender(transport: str) -> None
             "UNISON_TIMEOUT": "20",
             "UNISON_TRANSPORT": transport,
             # an algorithm that sends frames (the direct shm ones move data without any)
-            "UNISON_ALGO": "allreduce:ring",
+            "UNISON_ALGO": "all_reduce:ring",
         },
     )
     assert outs[0].ok and "rank 1" in outs[0].value and "bad magic" in outs[0].value, outs[

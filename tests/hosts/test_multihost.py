@@ -47,8 +47,8 @@ if mode == "hang":
     print("READY", flush=True)
     time.sleep(60)
     sys.exit(0)
-want = os.environ.get("UNISON_ALGO", "allreduce:hierarchical").split(":")[1]
-assert current().choose("allreduce", p, 1 << 20).name == want
+want = os.environ.get("UNISON_ALGO", "all_reduce:hierarchical").split(":")[1]
+assert current().choose("all_reduce", p, 1 << 20).name == want
 rng = np.random.default_rng(7)
 for n in (0, 1, 5, 1000, 100_003):
     base = rng.integers(-50, 50, size=(p, n))
@@ -67,7 +67,7 @@ for n in (0, 1, 5, 1000, 100_003):
     assert np.array_equal(b, base[1].astype(np.float32)), ("bcast", n)
     out = np.empty(n * p, np.int64)
     un.all_gather_into_tensor(out, base[r])
-    assert np.array_equal(out, base.reshape(-1)), ("allgather", n)
+    assert np.array_equal(out, base.reshape(-1)), ("all_gather", n)
     full = rng.integers(-9, 9, size=(p, n * p))
     rs = np.empty(n, np.int64)
     un.reduce_scatter_tensor(rs, full[r].copy())
@@ -135,7 +135,7 @@ def _check_ok(r: subprocess.CompletedProcess[str], hosts: int, per: int) -> None
         assert line.split()[2:] == list(map(str, (rank % per, per, rank // per, hosts))), line
 
 
-@pytest.mark.parametrize("algo", ["allreduce:hierarchical", "allreduce:ring"])
+@pytest.mark.parametrize("algo", ["all_reduce:hierarchical", "all_reduce:ring"])
 def test_every_collective_on_two_hosts(two: BridgedHosts, tmp_path: Path, algo: str) -> None:
     _check_ok(_run(two, 2, tmp_path, "correct", algo=algo), 2, 2)
 
@@ -149,7 +149,7 @@ def test_selector_picks_hierarchical_by_itself(two: BridgedHosts, tmp_path: Path
     script = tmp_path / "pick.py"
     script.write_text(
         "import unison as un\nfrom unison.world import current\nun.init()\n"
-        "print('PICK', current().choose('allreduce', un.size(), 1 << 22).name)\n"
+        "print('PICK', current().choose('all_reduce', un.size(), 1 << 22).name)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(_argv(two, 2, script), capture_output=True, text=True, env=env, timeout=60)

@@ -98,9 +98,9 @@ def test_two_level_link_and_choice() -> None:
     assert isinstance(link, TwoLevelLink) and (link.hosts, link.per_host) == (2, 2)
     uneven = two_level({0: "a", 1: "b", 2: "a", 3: "b"}, flat, "auto")
     assert uneven is not None and uneven.per_host == 0  # not contiguous: flat only
-    assert choose("allreduce", 4, 64 << 20, link, {}).name == "hierarchical"
-    assert choose("allreduce", 4, 64 << 20, uneven, {}).name != "hierarchical"
-    assert choose("allreduce", 2, 64 << 20, link, {}).name != "hierarchical"  # sub-group
+    assert choose("all_reduce", 4, 64 << 20, link, {}).name == "hierarchical"
+    assert choose("all_reduce", 4, 64 << 20, uneven, {}).name != "hierarchical"
+    assert choose("all_reduce", 2, 64 << 20, link, {}).name != "hierarchical"  # sub-group
     assert "hierarchical=" in table(4, link, [8, 1 << 20])  # every cost() takes it
 
 
@@ -108,7 +108,7 @@ def test_two_level_link_and_choice() -> None:
 def test_forced_hierarchical_on_one_host_says_why(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text("import numpy as np, unison as un\nun.init()\nun.all_reduce(np.ones(8))\n")
-    env = dict(os.environ, UNISON_ALGO="allreduce:hierarchical", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, UNISON_ALGO="all_reduce:hierarchical", PYTHONPATH=str(ROOT))
     r = subprocess.run(
         [sys.executable, "-m", "unison.launch.cli", "run", "-np", "2", sys.executable, str(script)],
         capture_output=True, text=True, env=env, timeout=50,

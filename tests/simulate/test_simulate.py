@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unison.algorithms import allreduce_hierarchical, allreduce_ring
+from unison.algorithms import all_reduce_hierarchical, all_reduce_ring
 from unison.errors import InvalidArgumentError
 from unison.launch.cli import main as cli_main
 from unison.link import Link, TwoLevelLink
@@ -42,8 +42,8 @@ def test_two_level_link_and_formulas() -> None:
     assert ring.seconds == pytest.approx(want)
     assert ring.busbw == pytest.approx(n / want * 2 * (p - 1) / p)
     # the very functions the selector evaluates
-    assert ring.seconds == allreduce_ring.cost(p, n, link)
-    assert predict("hierarchical", p, n, link).seconds == allreduce_hierarchical.cost(p, n, link)
+    assert ring.seconds == all_reduce_ring.cost(p, n, link)
+    assert predict("hierarchical", p, n, link).seconds == all_reduce_hierarchical.cost(p, n, link)
     assert predict("hierarchical", p, n, link).seconds < ring.seconds
     flat = build_link(8, 1, "100Gbit,5us", "", 1 / 4e9)
     assert type(flat) is Link and math.isinf(predict("hierarchical", 8, n, flat).seconds)

@@ -13,10 +13,10 @@ from unison.torch.cache import ResponseCache, and_bits, bits_to_ids, ids_to_bits
 from unison.torch.fusion import plan
 from unison.torch.negotiation import (
     Coordinator,
-    Kind,
-    Op,
-    Request,
+    HvdOp,
+    RequestKind,
     Response,
+    TensorRequest,
     reducescatter_rows,
     request_of,
 )
@@ -31,8 +31,8 @@ def ar(
     dtype: str = "torch.float32",
     op: int = 0,
     **kw: object,
-) -> Request:
-    return Request(name, Kind.ALLREDUCE, dtype, (shape,), op, **kw)  # type: ignore[arg-type]
+) -> TensorRequest:
+    return TensorRequest(name, RequestKind.ALLREDUCE, dtype, (shape,), op, **kw)  # type: ignore[arg-type]
 
 
 def test_coordinator_waits_for_every_rank_and_keeps_arrival_order() -> None:
@@ -53,12 +53,12 @@ def test_coordinator_waits_for_every_rank_and_keeps_arrival_order() -> None:
     [
         (ar("t", (5,)), "shape"),
         (ar("t", dtype="torch.float64"), "dtype"),
-        (ar("t", op=int(Op.SUM)), "reduce op"),
+        (ar("t", op=int(HvdOp.SUM)), "reduce op"),
         (ar("t", prescale=2.0), "scale"),
-        (Request("t", Kind.BROADCAST, "torch.float32", ((4,),), root=1), "operation"),
+        (TensorRequest("t", RequestKind.BROADCAST, "torch.float32", ((4,),), root=1), "operation"),
     ],
 )
-def test_mismatch_becomes_one_error_response(other: Request, word: str) -> None:
+def test_mismatch_becomes_one_error_response(other: TensorRequest, word: str) -> None:
     c = Coordinator(2)
     c.add(0, [ar("t")])
     c.add(1, [other])
@@ -69,8 +69,8 @@ def test_mismatch_becomes_one_error_response(other: Request, word: str) -> None:
 
 def test_broadcast_root_mismatch() -> None:
     c = Coordinator(2)
-    c.add(0, [Request("x", Kind.BROADCAST, "torch.int32", ((3,),), root=0)])
-    c.add(1, [Request("x", Kind.BROADCAST, "torch.int32", ((3,),), root=1)])
+    c.add(0, [TensorRequest("x", RequestKind.BROADCAST, "torch.int32", ((3,),), root=0)])
+    c.add(1, [TensorRequest("x", RequestKind.BROADCAST, "torch.int32", ((3,),), root=1)])
     (resp,) = c.ready()
     assert "root rank" in resp.error
 
@@ -78,28 +78,28 @@ def test_broadcast_root_mismatch() -> None:
 def test_allgather_first_dims_may_differ_and_are_recorded() -> None:
     c = Coordinator(3)
     for r in range(3):
-        c.add(r, [Request("g", Kind.ALLGATHER, "torch.int64", ((r + 1, 2),))])
+        c.add(r, [TensorRequest("g", RequestKind.ALLGATHER, "torch.int64", ((r + 1, 2),))])
     (resp,) = c.ready()
     assert not resp.error and resp.per_rank == ((1,), (2,), (3,))
     assert request_of(resp, 2).shapes == ((3, 2),)
-    c.add(0, [Request("h", Kind.ALLGATHER, "torch.int64", ((1, 2),))])
-    c.add(1, [Request("h", Kind.ALLGATHER, "torch.int64", ((1, 3),))])
-    c.add(2, [Request("h", Kind.ALLGATHER, "torch.int64", ((1, 2),))])
+    c.add(0, [TensorRequest("h", RequestKind.ALLGATHER, "torch.int64", ((1, 2),))])
+    c.add(1, [TensorRequest("h", RequestKind.ALLGATHER, "torch.int64", ((1, 3),))])
+    c.add(2, [TensorRequest("h", RequestKind.ALLGATHER, "torch.int64", ((1, 2),))])
     assert "shape" in c.ready()[0].error
 
 
 def test_join_counts_joined_ranks_as_ready_and_reports_the_last() -> None:
     c = Coordinator(3)
-    c.add(2, [Request("__join__", Kind.JOIN)])
+    c.add(2, [TensorRequest("__join__", RequestKind.JOIN)])
     c.add(0, [ar("x")])
     assert c.ready() == []
     c.add(1, [ar("x")])
     (resp,) = c.ready()
     assert resp.joined == (2,) and not resp.cacheable
-    c.add(0, [Request("__join__", Kind.JOIN)])
-    c.add(1, [Request("__join__", Kind.JOIN)])
+    c.add(0, [TensorRequest("__join__", RequestKind.JOIN)])
+    c.add(1, [TensorRequest("__join__", RequestKind.JOIN)])
     (j,) = c.ready()
-    assert j.request.kind is Kind.JOIN and j.value == 1
+    assert j.request.kind is RequestKind.JOIN and j.value == 1
 
 
 def test_forced_error_fails_a_stalled_name() -> None:
@@ -131,11 +131,11 @@ def test_cache_ids_agree_given_the_same_history_and_evict_lru() -> None:
 
 def test_cache_matches_rank_specific_parts() -> None:
     c = ResponseCache(4)
-    g = Request("g", Kind.ALLGATHER, "torch.float32", ((2, 3),))
+    g = TensorRequest("g", RequestKind.ALLGATHER, "torch.float32", ((2, 3),))
     c.put(Response(g, per_rank=((2,), (5,))))
     assert c.lookup(g, 0) == 0
     assert c.lookup(g, 1) is None
-    assert c.lookup(Request("g", Kind.ALLGATHER, "torch.float32", ((5, 3),)), 1) == 0
+    assert c.lookup(TensorRequest("g", RequestKind.ALLGATHER, "torch.float32", ((5, 3),)), 1) == 0
 
 
 def test_errors_and_joins_are_not_cached() -> None:
@@ -160,10 +160,10 @@ def test_fusion_plan_groups_compatible_neighbours_up_to_the_threshold() -> None:
         Response(ar("b")),
         Response(ar("c", dtype="torch.float64")),
         Response(ar("d", dtype="torch.float64")),
-        Response(ar("e", op=int(Op.ADASUM))),
+        Response(ar("e", op=int(HvdOp.ADASUM))),
         Response(ar("f")),
         Response(ar("g", prescale=0.5)),
-        Response(Request("h", Kind.BROADCAST, "torch.float32", ((4,),), root=0)),
+        Response(TensorRequest("h", RequestKind.BROADCAST, "torch.float32", ((4,),), root=0)),
     ]
     assert plan(rs, [16] * 8, 1 << 20) == [[0, 1], [2, 3], [4], [5], [6], [7]]
     assert plan(rs[:2], [16, 16], 20) == [[0], [1]]

@@ -15,7 +15,7 @@ u32 = st.integers(0, 2**32 - 1)
 
 
 @given(
-    kind=st.sampled_from(list(F.Kind)),
+    kind=st.sampled_from(list(F.FrameKind)),
     group=u32,
     tag=u32,
     seq=st.integers(0, 2**64 - 1),
@@ -25,7 +25,7 @@ u32 = st.integers(0, 2**32 - 1)
     length=st.integers(0, F.MAX_PAYLOAD),
 )
 def test_header_round_trip(
-    kind: F.Kind, group: int, tag: int, seq: int, op: int, root: int, count: int, length: int
+    kind: F.FrameKind, group: int, tag: int, seq: int, op: int, root: int, count: int, length: int
 ) -> None:
     sig = F.OpSig(op, 3, 1, root, count)
     fr = F.unpack(F.pack(kind, group, seq, tag, sig, length))
@@ -50,7 +50,7 @@ def test_random_headers_are_rejected_or_parsed_never_crash(data: bytes) -> None:
 
 
 def test_huge_length_is_refused_before_allocation() -> None:
-    raw = bytearray(F.pack(F.Kind.P2P, 0, 0, 0, F.OpSig(), 0))
+    raw = bytearray(F.pack(F.FrameKind.P2P, 0, 0, 0, F.OpSig(), 0))
     F.HEADER.pack_into(raw, 0, *[*list(F.HEADER.unpack(raw))[:-1], 2**62])
     with pytest.raises(F.FrameError, match="limit"):
         F.unpack(bytes(raw))

@@ -124,7 +124,7 @@ def _grid_small_slot(algo: str) -> int:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_direct_shm_collectives_against_oracle(p: int) -> None:
-    env = {**SHM, "UNISON_ALGO": "allreduce:shm,reduce_scatter:shm,allgather:shm,broadcast:shm"}
+    env = {**SHM, "UNISON_ALGO": "all_reduce:shm,reduce_scatter:shm,all_gather:shm,broadcast:shm"}
     outs = run_ranks(_grid_small_slot, p, args=("shm",), env=env, init=False, timeout=110)
     assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs if not o.ok)
 
@@ -211,7 +211,7 @@ def _choices() -> list[str]:
     from unison.world import current
 
     rt = current()
-    return [rt.choose(c, un.size(), n).name for c in ("allreduce", "allgather", "broadcast")
+    return [rt.choose(c, un.size(), n).name for c in ("all_reduce", "all_gather", "broadcast")
             for n in (8, 1 << 16, 1 << 22, 1 << 28)]  # fmt: skip
 
 

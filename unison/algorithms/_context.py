@@ -25,7 +25,7 @@ from ..errors import (
     MismatchError,
 )
 from ..link import Link
-from ..transport.framing import Kind, OpSig
+from ..transport.framing import FrameKind, OpSig
 from ..transport.request import Request
 from .topology import Topology
 
@@ -155,7 +155,7 @@ class OpContext:
 
     # --- messaging by group rank -----------------------------------------------------
     def _key(self, step: int) -> tuple[int, int, int, int]:
-        return (int(Kind.COLL), self.group_id, self.seq, self.tag_base + step)
+        return (int(FrameKind.COLL), self.group_id, self.seq, self.tag_base + step)
 
     def _track(self, req: Request) -> Request:
         with self._lock:
@@ -266,7 +266,7 @@ class OpContext:
             pending = list(self._pending)
         for req in pending:
             if not req.done():
-                if req.view is not None and req.key[0] == Kind.COLL:
+                if req.view is not None and req.key[0] == FrameKind.COLL:
                     self.router.cancel(req.peer, req)
                 req.complete(exc)
         if self.companion is not None:

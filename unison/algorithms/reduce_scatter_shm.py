@@ -7,7 +7,7 @@ into its output. One synchronisation per round, no message carries data.
 
 Cost per round (n bytes in total): 2(p−1)α + ((p−1)/p)·n·c + ((p−1)/p)·n·γ.
 Preconditions: every rank on one host (a :class:`SharedLink`); blocks of equal
-length; the world group (others run :mod:`.ring_reduce_scatter`).
+length; the world group (others run :mod:`.reduce_scatter_ring`).
 Reference: OpenMPI ``coll/sm``; Li et al. (HPDC 2013).
 """
 
@@ -20,9 +20,9 @@ import numpy as np
 
 from ..buffers import Kernel
 from ..link import Link, SharedLink
-from . import ring_reduce_scatter
+from . import reduce_scatter_ring
 from ._context import OpContext
-from .allreduce_shm import reduce_slice
+from .all_reduce_shm import reduce_slice
 from .shm_arena import arena_of, rounds, sync, sync_cost
 from .topology import Topology
 
@@ -50,7 +50,7 @@ def run(
     ctx: OpContext, inputs: Sequence[np.ndarray], out: np.ndarray, kern: Kernel, seg: int
 ) -> None:
     if ctx.size == 1 or len({len(b) for b in inputs}) != 1:
-        ring_reduce_scatter.run(ctx, inputs, out, kern, seg)
+        reduce_scatter_ring.run(ctx, inputs, out, kern, seg)
         return
     arena = arena_of(ctx, NAME)
     p, me = ctx.size, ctx.rank

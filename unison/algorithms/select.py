@@ -3,7 +3,8 @@
 Every algorithm module has ``cost(p, n, link)``, ``supports(p, n, topo)`` (eligibility,
 from the group's :class:`~.topology.Topology` alone) and ``NEEDS`` (what it needs, for
 the refusal); the selector evaluates the eligible ones on the group's link and takes
-the cheapest. ``UNISON_ALGO="allreduce:ring"`` forces one; a forced algorithm that
+the cheapest. ``UNISON_ALGO="all_reduce:ring"`` forces one (the older
+spellings ``allreduce``, ``allgather``, ``alltoall`` are accepted too); a forced algorithm that
 cannot serve a call raises :class:`UnsupportedError` saying so.
 """
 
@@ -18,43 +19,50 @@ from ..errors import UnsupportedError
 from ..link import Link
 from ..log import get_logger
 from . import (
-    allgather_shm,
-    allreduce_hierarchical,
-    allreduce_recursive_doubling,
-    allreduce_ring,
-    allreduce_shm,
-    alltoall_pairwise,
+    all_gather_ring,
+    all_gather_shm,
+    all_reduce_hierarchical,
+    all_reduce_recursive_doubling,
+    all_reduce_ring,
+    all_reduce_shm,
+    all_to_all_pairwise,
     barrier_dissemination,
     broadcast_binomial,
     broadcast_shm,
-    linear,
+    gather_scatter_linear,
     reduce_binomial,
+    reduce_scatter_ring,
     reduce_scatter_shm,
-    ring_allgather,
-    ring_reduce_scatter,
 )
 from .topology import Topology
 
-__all__ = ["REGISTRY", "Choice", "choose", "table"]
+__all__ = ["ALIASES", "REGISTRY", "Choice", "choose", "table"]
 
 log = get_logger("select")
 
 #: collective → candidate algorithm modules (name, cost, supports, run).
 REGISTRY: dict[str, tuple[ModuleType, ...]] = {
-    "allreduce": (
-        allreduce_ring,
-        allreduce_recursive_doubling,
-        allreduce_shm,
-        allreduce_hierarchical,
+    "all_reduce": (
+        all_reduce_ring,
+        all_reduce_recursive_doubling,
+        all_reduce_shm,
+        all_reduce_hierarchical,
     ),
     "broadcast": (broadcast_binomial, broadcast_shm),
     "reduce": (reduce_binomial,),
-    "allgather": (ring_allgather, allgather_shm),
-    "reduce_scatter": (ring_reduce_scatter, reduce_scatter_shm),
-    "alltoall": (alltoall_pairwise,),
-    "gather": (linear,),
-    "scatter": (linear,),
+    "all_gather": (all_gather_ring, all_gather_shm),
+    "reduce_scatter": (reduce_scatter_ring, reduce_scatter_shm),
+    "all_to_all": (all_to_all_pairwise,),
+    "gather": (gather_scatter_linear,),
+    "scatter": (gather_scatter_linear,),
     "barrier": (barrier_dissemination,),
+}
+
+#: older spellings of collective names, still accepted (``UNISON_ALGO=allreduce:ring``).
+ALIASES: dict[str, str] = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "alltoall": "all_to_all",
 }
 
 
@@ -76,6 +84,7 @@ def choose(
 ) -> Choice:
     """The algorithm for one call: the forced one (it must be eligible), else the
     cheapest eligible one. ``topo``: the group's topology (a bare link: :meth:`Topology.of`)."""
+    collective = ALIASES.get(collective, collective)
     if isinstance(topo, Link):
         topo = Topology.of(topo, p)
     forced = overrides.get(collective)

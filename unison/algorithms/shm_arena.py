@@ -2,7 +2,7 @@
 
 When every rank of the job shares one host, each rank's segment holds a *slot*
 that every other rank has mapped too. The direct algorithms
-(:mod:`.allreduce_shm`, :mod:`.reduce_scatter_shm`, :mod:`.allgather_shm`,
+(:mod:`.all_reduce_shm`, :mod:`.reduce_scatter_shm`, :mod:`.all_gather_shm`,
 :mod:`.broadcast_shm`) work in rounds: a rank writes its part of a chunk into
 half of its slot, all ranks synchronise (a zero-byte message to every peer, so
 deadlines, aborts and lost peers behave as in every other algorithm), then each

@@ -31,18 +31,18 @@ from ..torch.basics import (
     size,
 )
 from ..torch.functions import allgather_object, broadcast_object
-from ..torch.negotiation import Op
+from ..torch.negotiation import HvdOp
 from . import callbacks, elastic
 from ._engine import allreduce_numpy, broadcast_numpy
 from .callbacks import broadcast_global_variables
 from .optimizer import DistributedOptimizer, load_model
 
-Average = Op.AVERAGE
-Sum = Op.SUM
-Adasum = Op.ADASUM
-Min = Op.MIN
-Max = Op.MAX
-Product = Op.PRODUCT
+Average = HvdOp.AVERAGE
+Sum = HvdOp.SUM
+Adasum = HvdOp.ADASUM
+Min = HvdOp.MIN
+Max = HvdOp.MAX
+Product = HvdOp.PRODUCT
 
 
 class _NoneCompressor:

@@ -17,7 +17,7 @@ import torch
 
 from ..torch import ops as _ops
 from ..torch.basics import ProcessSet, global_process_set
-from ..torch.negotiation import Op
+from ..torch.negotiation import HvdOp
 
 __all__ = ["allreduce_grads", "allreduce_numpy", "broadcast_numpy", "is_fp16"]
 
@@ -37,7 +37,7 @@ def _to_numpy(t: torch.Tensor, like: np.dtype) -> np.ndarray:
 
 def allreduce_numpy(
     arrays: Sequence[Any],
-    op: Op = Op.AVERAGE,
+    op: HvdOp = HvdOp.AVERAGE,
     prescale: float = 1.0,
     postscale: float = 1.0,
     process_set: ProcessSet = global_process_set,
@@ -90,7 +90,7 @@ def is_fp16(compression: Any) -> bool:
 
 def allreduce_grads(
     grads: list[Any],
-    op: Op,
+    op: HvdOp,
     prescale: float,
     postscale: float,
     compression: Any,
@@ -118,8 +118,8 @@ def allreduce_grads(
         else:
             ys = reduce([grads[i] for i in idx])
     elif backend == "torch":
+        from ..torch.collectives import grouped_allreduce as torch_grouped
         from ..torch.compression import Compression as TorchCompression
-        from ..torch.functional import grouped_allreduce as torch_grouped
 
         ts = [grads[i] for i in idx]
         if is_fp16(compression):

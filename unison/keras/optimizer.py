@@ -7,7 +7,7 @@ from typing import Any
 import keras
 
 from ..torch.basics import ProcessSet, global_process_set
-from ..torch.negotiation import Op
+from ..torch.negotiation import HvdOp
 from ._engine import allreduce_grads
 
 __all__ = ["DistributedOptimizer", "load_model"]
@@ -52,9 +52,9 @@ def _install(
     average_aggregated_gradients: bool,
     process_set: ProcessSet,
 ) -> Any:
-    rop = Op(int(op))
+    rop = HvdOp(int(op))
     if gradient_predivide_factor != 1.0:
-        if rop != Op.AVERAGE:
+        if rop != HvdOp.AVERAGE:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         pre, post = 1.0 / gradient_predivide_factor, gradient_predivide_factor
     else:
@@ -76,7 +76,7 @@ def DistributedOptimizer(
     compression: Any = None,
     sparse_as_dense: bool = False,
     gradient_predivide_factor: float = 1.0,
-    op: Any = Op.AVERAGE,
+    op: Any = HvdOp.AVERAGE,
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = False,
     num_groups: int = 0,
@@ -125,5 +125,5 @@ def load_model(
     model = keras.models.load_model(filepath, custom_objects=objects or None)
     opt = getattr(model, "optimizer", None)
     if isinstance(opt, keras.optimizers.Optimizer):
-        _install(opt, compression, False, 1.0, Op.AVERAGE, 1, False, global_process_set)
+        _install(opt, compression, False, 1.0, HvdOp.AVERAGE, 1, False, global_process_set)
     return model

@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from ..torch.basics import ProcessSet, global_process_set
-from ..torch.negotiation import Op
+from ..torch.negotiation import HvdOp
 from .compression import Compression
 from .mpi_ops import Adasum, Average, allreduce, grouped_allreduce
 
@@ -25,7 +25,7 @@ def make_allreduce_grads_fn(
     process_set: ProcessSet = global_process_set,
 ) -> Callable[[list[Any]], list[Any]]:
     """A function that reduces a list of gradients (``None`` entries stay ``None``)."""
-    rop = Op(int(op))
+    rop = HvdOp(int(op))
     if gradient_predivide_factor != 1.0:
         if rop != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")

@@ -9,7 +9,7 @@ from typing import Any
 import tensorflow as tf
 
 from ..torch.basics import ProcessSet, global_process_set, rank
-from ..torch.negotiation import Op
+from ..torch.negotiation import HvdOp
 from ..torch.ops import handle_average_backwards_compatibility
 from . import raw
 from .compression import Compression
@@ -31,12 +31,12 @@ __all__ = [
     "reducescatter",
 ]
 
-Average = Op.AVERAGE
-Sum = Op.SUM
-Adasum = Op.ADASUM
-Min = Op.MIN
-Max = Op.MAX
-Product = Op.PRODUCT
+Average = HvdOp.AVERAGE
+Sum = HvdOp.SUM
+Adasum = HvdOp.ADASUM
+Min = HvdOp.MIN
+Max = HvdOp.MAX
+Product = HvdOp.PRODUCT
 
 
 def _one_or_list(ys: list[Any]) -> Any:
@@ -48,7 +48,13 @@ def _float(t: Any) -> bool:
 
 
 def _allreduce_diff(
-    xs: list[Any], op: Op, pre: float, post: float, name: str | None, ps: ProcessSet, grouped: bool
+    xs: list[Any],
+    op: HvdOp,
+    pre: float,
+    post: float,
+    name: str | None,
+    ps: ProcessSet,
+    grouped: bool,
 ) -> list[Any]:
     @tf.custom_gradient  # type: ignore[untyped-decorator]
     def f(*args: Any) -> Any:
@@ -240,7 +246,13 @@ def alltoall(
 
 
 def _reducescatter_diff(
-    xs: list[Any], op: Op, pre: float, post: float, name: str | None, ps: ProcessSet, grouped: bool
+    xs: list[Any],
+    op: HvdOp,
+    pre: float,
+    post: float,
+    name: str | None,
+    ps: ProcessSet,
+    grouped: bool,
 ) -> list[Any]:
     if op not in (Average, Sum):
         raise NotImplementedError(f"reducescatter supports Sum and Average, got {op!r}")
@@ -276,7 +288,7 @@ def reducescatter(
     t = tf.convert_to_tensor(tensor)
     c, ctx = compression.compress(t)
     y = _reducescatter_diff(
-        [c], Op(int(op)), prescale_factor, postscale_factor, name, process_set, False
+        [c], HvdOp(int(op)), prescale_factor, postscale_factor, name, process_set, False
     )[0]
     return compression.decompress(y, ctx)
 
@@ -296,7 +308,7 @@ def grouped_reducescatter(
     if not pairs:
         return []
     ys = _reducescatter_diff(
-        [c for c, _ in pairs], Op(int(op)), prescale_factor, postscale_factor, name,
+        [c for c, _ in pairs], HvdOp(int(op)), prescale_factor, postscale_factor, name,
         process_set, True,
     )  # fmt: skip
     return [compression.decompress(y, ctx) for y, (_, ctx) in zip(ys, pairs, strict=True)]

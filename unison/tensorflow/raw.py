@@ -11,7 +11,7 @@ import torch
 
 from ..torch import ops as _ops
 from ..torch.basics import ProcessSet
-from ..torch.negotiation import Op
+from ..torch.negotiation import HvdOp
 from ._bridge import from_torch, graph_name, run, to_torch, wait
 
 __all__ = ["allgather", "allreduce", "alltoall", "broadcast", "reducescatter"]
@@ -23,7 +23,7 @@ def _rest(t: tf.Tensor) -> tf.TensorShape:
 
 def allreduce(
     ts: Sequence[Any],
-    op: Op,
+    op: HvdOp,
     prescale: float,
     postscale: float,
     name: str | None,
@@ -100,7 +100,7 @@ def alltoall(t: Any, splits: Any, name: str | None, ps: ProcessSet) -> tuple[Any
 
 def reducescatter(
     ts: Sequence[Any],
-    op: Op,
+    op: HvdOp,
     prescale: float,
     postscale: float,
     name: str | None,

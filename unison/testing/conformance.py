@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backends.native.fabric import Fabric
 from ..errors import MismatchError, PeerLostError
-from ..transport.framing import Kind, OpSig
+from ..transport.framing import FrameKind, OpSig
 from ..transport.request import Request
 
 __all__ = ["CASES", "EXPECTED", "fabric", "key", "payload"]
@@ -46,7 +46,7 @@ def fabric(expected: str) -> Fabric:
 
 
 def key(tag: int, seq: int = 0) -> tuple[int, int, int, int]:
-    return (int(Kind.P2P), _GROUP, seq, tag)
+    return (int(FrameKind.P2P), _GROUP, seq, tag)
 
 
 def sig(n: int) -> OpSig:

@@ -44,9 +44,7 @@ from .basics import (
     start_timeline,
     stop_timeline,
 )
-from .compression import Compression
-from .errors import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
-from .functional import (
+from .collectives import (
     allgather,
     allreduce,
     allreduce_,
@@ -60,6 +58,8 @@ from .functional import (
     reducescatter,
     sparse_allreduce_async,
 )
+from .compression import Compression
+from .errors import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
 from .functions import (
     allgather_object,
     broadcast_object,

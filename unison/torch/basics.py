@@ -16,7 +16,7 @@ from typing import Any
 import unison as _un
 
 from ..errors import InvalidArgumentError, NotInitializedError
-from .engine import Engine
+from .engine import TorchEngine
 from .settings import Settings, load_settings
 from .timeline import Timeline
 
@@ -104,7 +104,7 @@ class _State:
         self.lock = threading.Lock()
         self.owns_runtime = False
         self.settings: Settings | None = None
-        self.engines: dict[int, Engine] = {}
+        self.engines: dict[int, TorchEngine] = {}
         self.sets: dict[int, ProcessSet] = {}
         self.next_id = 1
         self.timeline: Timeline | None = None
@@ -132,7 +132,7 @@ def _make_engine(ps: ProcessSet) -> None:
     if _un.rank() in members:
         assert _S.settings is not None
         tl = _S.timeline if ps.process_set_id == 0 and members.index(_un.rank()) == 0 else None
-        eng = Engine(members, _un.rank(), ctl, data, _S.settings, tl)
+        eng = TorchEngine(members, _un.rank(), ctl, data, _S.settings, tl)
         eng.start()
         assert ps.process_set_id is not None
         _S.engines[ps.process_set_id] = eng
@@ -206,7 +206,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return True
 
 
-def engine_of(ps: ProcessSet) -> Engine:
+def engine_of(ps: ProcessSet) -> TorchEngine:
     _require()
     pid = ps.process_set_id
     if pid is None or pid not in _S.sets:

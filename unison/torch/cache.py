@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .negotiation import Request, Response
+from .negotiation import Response, TensorRequest
 
 __all__ = ["ResponseCache", "and_bits", "bits_to_ids", "ids_to_bits"]
 
@@ -28,7 +28,7 @@ class ResponseCache:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def lookup(self, req: Request, rank: int) -> int | None:
+    def lookup(self, req: TensorRequest, rank: int) -> int | None:
         """The id of a cached response this rank's request matches exactly, or None."""
         cid = self._by_name.get(req.name)
         if cid is None:

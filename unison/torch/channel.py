@@ -8,7 +8,7 @@ fails or goes silent past the deadline is reported through ``on_error``.
 
 The head receive from each peer is always posted (a *slot*). The thread running a
 negotiation cycle does not wait for the listener to hand it a message: it waits on
-the posted receive itself (:meth:`Channel.pull`), so on the shared-memory transport
+the posted receive itself (:meth:`NegotiationChannel.pull`), so on the shared-memory transport
 its own wait drives the ring and no thread hand-off lies on the critical path.
 Whoever sees the receive complete first takes the message; it is delivered exactly
 once, in order per peer, under the slot's lock.
@@ -29,7 +29,7 @@ from ..comm.api import Group, irecv, isend
 from ..comm.work import Work
 from ..errors import CollectiveTimeoutError, UnisonError
 
-__all__ = ["Channel"]
+__all__ = ["NegotiationChannel"]
 
 HEAD = 1024
 _LEN = struct.Struct("<I")
@@ -49,7 +49,7 @@ class _Slot:
         self.closed = False
 
 
-class Channel:
+class NegotiationChannel:
     def __init__(
         self,
         group: Group,

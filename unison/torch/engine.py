@@ -19,8 +19,8 @@ behind joins the cycle with its tensor instead of an empty message.
 
 The steady-state fast path: a blocking call (``hvd.allreduce`` ...) made while
 the engine is idle (nothing queued or pending, no cycle running) runs the cycle
-on the caller's thread (:meth:`Engine.run_blocking`) and waits on the peers'
-receives itself (:meth:`Channel.pull`): a cached small all-reduce then completes
+on the caller's thread (:meth:`TorchEngine.run_blocking`) and waits on the peers'
+receives itself (:meth:`NegotiationChannel.pull`): a cached small all-reduce then completes
 without a thread hand-off. The cycle is the same on either thread (one runs at a
 time, in order), so peers cannot tell the difference.
 """
@@ -35,17 +35,17 @@ from typing import Any
 
 from ..comm.api import Group
 from .cache import ResponseCache, and_bits, bits_to_ids, ids_to_bits
-from .channel import Channel
+from .channel import NegotiationChannel
 from .errors import HorovodInternalError
 from .execute import Executor
 from .handle import Entry
 from .inline import deliver, payload, reduce_inline, runs_inline
-from .negotiation import Coordinator, Kind, Request, Response, request_of
+from .negotiation import Coordinator, RequestKind, Response, TensorRequest, request_of
 from .settings import Settings
 from .stall import StallInspector
 from .timeline import Timeline
 
-__all__ = ["LINGER_S", "Engine"]
+__all__ = ["LINGER_S", "TorchEngine"]
 
 log = logging.getLogger("unison.torch")
 
@@ -53,7 +53,7 @@ log = logging.getLogger("unison.torch")
 LINGER_S = 0.002
 
 
-class Engine:
+class TorchEngine:
     def __init__(
         self,
         ranks: list[int],
@@ -105,7 +105,7 @@ class Engine:
         self._holders: dict[str, set[int]] = {}
         self.executor = Executor(data, ranks, self.me, settings, timeline)
         peers = [r for r in ranks if r != me_global]
-        self.channel = Channel(
+        self.channel = NegotiationChannel(
             ctl, me_global, peers, self._deliver, self._peer_error, settings.timeout
         )
         self._thread = threading.Thread(target=self._loop, name="unison-hvd-engine", daemon=True)
@@ -218,8 +218,8 @@ class Engine:
                 if msg[1] not in self._inbox:
                     self._arrived = time.monotonic()
                 self._inbox.setdefault(msg[1], {})[r] = msg
-            # a running cycle waits on the receives itself (Channel.pull) and whoever ends
-            # it wakes the loop if more is wanted: only an idle loop needs the news
+            # a running cycle waits on the receives itself (NegotiationChannel.pull) and
+            # whoever ends it wakes the loop if more is wanted: only an idle loop needs the news
             if not self._running:
                 self._cv.notify_all()
 
@@ -322,7 +322,7 @@ class Engine:
         if self.timeline is not None:
             self.timeline.cycle(time.perf_counter())
         ids: set[int] = set()
-        fresh: list[Request] = []
+        fresh: list[TensorRequest] = []
         for e in entries:
             if e.announced:
                 continue
@@ -348,7 +348,7 @@ class Engine:
             self._last_bits = [msgs[r][2] for r in range(self.size)]
             for r in range(self.size):
                 for q in msgs[r][3]:
-                    if q.kind is Kind.JOIN:
+                    if q.kind is RequestKind.JOIN:
                         self._seen_joined.add(r)
                     else:
                         self._seen.setdefault(q.name, set()).add(r)
@@ -421,8 +421,8 @@ class Engine:
         with self._cv:
             local: list[Entry | None] = []
             for resp in responses:
-                name = "__join__" if resp.request.kind is Kind.JOIN else resp.name
-                if resp.request.kind is Kind.JOIN:
+                name = "__join__" if resp.request.kind is RequestKind.JOIN else resp.name
+                if resp.request.kind is RequestKind.JOIN:
                     self._seen_joined.clear()
                 self._seen.pop(name, None)
                 e = self._pending.pop(name, None)

@@ -28,18 +28,18 @@ from . import fusion
 from .adasum import adasum_combine
 from .errors import HorovodInternalError, TensorMismatchError
 from .handle import Entry
-from .negotiation import Kind, Op, Response, reducescatter_rows
+from .negotiation import HvdOp, RequestKind, Response, reducescatter_rows
 from .settings import Settings
 from .timeline import Timeline
 
 __all__ = ["Executor", "torch_dtype"]
 
 _UNISON_OP = {
-    Op.AVERAGE: ReduceOp.SUM,
-    Op.SUM: ReduceOp.SUM,
-    Op.MIN: ReduceOp.MIN,
-    Op.MAX: ReduceOp.MAX,
-    Op.PRODUCT: ReduceOp.PRODUCT,
+    HvdOp.AVERAGE: ReduceOp.SUM,
+    HvdOp.SUM: ReduceOp.SUM,
+    HvdOp.MIN: ReduceOp.MIN,
+    HvdOp.MAX: ReduceOp.MAX,
+    HvdOp.PRODUCT: ReduceOp.PRODUCT,
 }
 
 
@@ -115,30 +115,30 @@ class Executor:
                         e.handle.finish(error=_response_error(first))
                 continue
             kind = first.request.kind
-            if kind is not Kind.JOIN:
+            if kind is not RequestKind.JOIN:
                 self.collectives += 1
             start = time.perf_counter()
             self._queue_spans(resps, ents, start)
             out: list[Any]
-            if kind is Kind.ALLREDUCE:
-                if first.request.op == Op.ADASUM:
+            if kind is RequestKind.ALLREDUCE:
+                if first.request.op == HvdOp.ADASUM:
                     out = [self._adasum(first, ents[0])]
                 else:
                     out = self._allreduce(resps, ents)
-            elif kind is Kind.ALLGATHER:
+            elif kind is RequestKind.ALLGATHER:
                 out = [self._allgather(first, ents[0])]
-            elif kind is Kind.BROADCAST:
+            elif kind is RequestKind.BROADCAST:
                 out = [self._broadcast(first, ents[0])]
-            elif kind is Kind.ALLTOALL:
+            elif kind is RequestKind.ALLTOALL:
                 out = [self._alltoall(first, ents[0])]
-            elif kind is Kind.REDUCESCATTER:
+            elif kind is RequestKind.REDUCESCATTER:
                 out = [self._reducescatter(first, ents[0])]
-            elif kind is Kind.BARRIER:
+            elif kind is RequestKind.BARRIER:
                 barrier(self.group)
                 out = [None]
             else:  # JOIN
                 out = [self.ranks[first.value] if first.value >= 0 else -1]
-            if kind not in (Kind.ALLREDUCE, Kind.JOIN):
+            if kind not in (RequestKind.ALLREDUCE, RequestKind.JOIN):
                 self._span(first.name, kind.name, start, time.perf_counter())
             for e, produced in zip(ents, out, strict=True):
                 if e is not None:
@@ -183,8 +183,8 @@ class Executor:
             i, o = self._tensors(r, e)
             ins += i
             outs += o
-        post = q.postscale / self.size if q.op == Op.AVERAGE else q.postscale
-        uop = _UNISON_OP[Op(q.op)]
+        post = q.postscale / self.size if q.op == HvdOp.AVERAGE else q.postscale
+        uop = _UNISON_OP[HvdOp(q.op)]
         t0 = time.perf_counter()
         if len(ins) == 1:
             buf = outs[0]
@@ -282,7 +282,7 @@ class Executor:
     def _reducescatter(self, resp: Response, e: Entry | None) -> list[torch.Tensor]:
         assert e is not None
         q = resp.request
-        post = q.postscale / self.size if q.op == Op.AVERAGE else q.postscale
+        post = q.postscale / self.size if q.op == HvdOp.AVERAGE else q.postscale
         outs: list[torch.Tensor] = []
         for t in e.inputs:
             rows = reducescatter_rows(t.shape[0], self.size)
@@ -295,7 +295,7 @@ class Executor:
                 off += n
             scale_(padded, q.prescale)
             part = torch.empty((width, *rest), dtype=t.dtype)
-            reduce_scatter_tensor(part, padded, _UNISON_OP[Op(q.op)], self.group)
+            reduce_scatter_tensor(part, padded, _UNISON_OP[HvdOp(q.op)], self.group)
             out = part[: rows[self.me]].clone()
             scale_(out, post)
             outs.append(out)

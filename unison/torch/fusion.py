@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .negotiation import Kind, Op, Response
+from .negotiation import HvdOp, RequestKind, Response
 
 __all__ = ["fusion_key", "plan"]
 
@@ -18,7 +18,7 @@ __all__ = ["fusion_key", "plan"]
 def fusion_key(resp: Response) -> tuple[object, ...] | None:
     """Responses with equal keys may share a fusion buffer; None: never fused."""
     q = resp.request
-    if resp.error or q.kind is not Kind.ALLREDUCE or q.op == Op.ADASUM:
+    if resp.error or q.kind is not RequestKind.ALLREDUCE or q.op == HvdOp.ADASUM:
         return None
     return (q.dtype, q.op, q.prescale, q.postscale, resp.joined)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..comm.work import Work
-from .negotiation import Request
+from .negotiation import TensorRequest
 
 __all__ = ["Entry", "Handle"]
 
@@ -72,7 +72,7 @@ class Handle(Work):
 class Entry:
     """One submitted operation on this rank: its request, tensors and handle."""
 
-    request: Request
+    request: TensorRequest
     inputs: list[Any]
     outputs: list[Any] | None
     handle: Handle

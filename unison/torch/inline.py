@@ -17,7 +17,7 @@ import torch
 
 from .execute import scale_, torch_dtype
 from .handle import Entry
-from .negotiation import Kind, Op, Response
+from .negotiation import HvdOp, RequestKind, Response
 
 __all__ = ["INLINE_BUDGET", "deliver", "payload", "reduce_inline", "runs_inline"]
 
@@ -32,12 +32,12 @@ _DTYPES = {
     torch.float32,
     torch.float64,
 }
-_OPS = {int(Op.SUM), int(Op.AVERAGE), int(Op.MIN), int(Op.MAX), int(Op.PRODUCT)}
+_OPS = {int(HvdOp.SUM), int(HvdOp.AVERAGE), int(HvdOp.MIN), int(HvdOp.MAX), int(HvdOp.PRODUCT)}
 
 
 def _eligible(e: Entry) -> bool:
     q = e.request
-    if q.kind is not Kind.ALLREDUCE or q.op not in _OPS or not e.inputs:
+    if q.kind is not RequestKind.ALLREDUCE or q.op not in _OPS or not e.inputs:
         return False
     return all(t.dtype in _DTYPES for t in e.inputs)
 
@@ -62,7 +62,7 @@ def payload(entries: list[Entry]) -> dict[str, bytes]:
 def runs_inline(resp: Response, parts: list[dict[str, bytes]]) -> bool:
     """True when every rank's message carries this response's bytes (same on all ranks)."""
     q = resp.request
-    if resp.error or q.kind is not Kind.ALLREDUCE or q.op not in _OPS:
+    if resp.error or q.kind is not RequestKind.ALLREDUCE or q.op not in _OPS:
         return False
     first = parts[0].get(resp.name)
     if first is None:
@@ -78,15 +78,15 @@ def reduce_inline(resp: Response, parts: list[dict[str, bytes]], size: int) -> t
     acc = vals[0]
     op = q.op
     for v in vals[1:]:
-        if op in (Op.SUM, Op.AVERAGE):
+        if op in (HvdOp.SUM, HvdOp.AVERAGE):
             acc.add_(v)
-        elif op == Op.MIN:
+        elif op == HvdOp.MIN:
             torch.minimum(acc, v, out=acc)
-        elif op == Op.MAX:
+        elif op == HvdOp.MAX:
             torch.maximum(acc, v, out=acc)
         else:
             acc.mul_(v)
-    post = q.postscale / size if op == Op.AVERAGE else q.postscale
+    post = q.postscale / size if op == HvdOp.AVERAGE else q.postscale
     scale_(acc, post)
     return acc
 

@@ -1,7 +1,7 @@
 """Negotiation: which tensors every rank has submitted, validated, in one order.
 
 Pure logic, no threads and no I/O. Each rank describes a submitted tensor with a
-:class:`Request`; the coordinator (rank 0 of the process set) keeps a
+:class:`TensorRequest`; the coordinator (rank 0 of the process set) keeps a
 :class:`Coordinator` table of requests per name and, once every rank that has
 not joined has submitted a name, turns the requests into one :class:`Response`
 (or an error response naming the disagreement). Every rank executes the same
@@ -18,9 +18,9 @@ from typing import Any
 
 __all__ = [
     "Coordinator",
-    "Kind",
-    "Op",
-    "Request",
+    "RequestKind",
+    "HvdOp",
+    "TensorRequest",
     "Response",
     "join_error",
     "parse_splits",
@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 
-class Op(enum.IntEnum):
+class HvdOp(enum.IntEnum):
     """Reduction ops, with Horovod's values (``hvd.Average`` is 0, ``hvd.Sum`` 1...)."""
 
     AVERAGE = 0
@@ -41,7 +41,7 @@ class Op(enum.IntEnum):
     PRODUCT = 5
 
 
-class Kind(enum.IntEnum):
+class RequestKind(enum.IntEnum):
     ALLREDUCE = 0
     ALLGATHER = 1
     BROADCAST = 2
@@ -56,11 +56,11 @@ class Kind(enum.IntEnum):
 
 
 @dataclass(frozen=True)
-class Request:
+class TensorRequest:
     """One rank's submission of a named operation (a group of tensors for grouped ops)."""
 
     name: str
-    kind: Kind
+    kind: RequestKind
     dtype: str = ""
     shapes: tuple[tuple[int, ...], ...] = ()
     op: int = 0
@@ -71,22 +71,23 @@ class Request:
 
     def rank_part(self) -> tuple[int, ...]:
         """What may legitimately differ between ranks (first dims, alltoall splits)."""
-        if self.kind is Kind.ALLGATHER:
+        if self.kind is RequestKind.ALLGATHER:
             return tuple(s[0] if s else 1 for s in self.shapes)
-        if self.kind is Kind.ALLTOALL:
+        if self.kind is RequestKind.ALLTOALL:
             return self.splits
         return ()
 
     def common(self) -> tuple[object, ...]:
         """What must be equal on every rank."""
-        if self.kind in (Kind.ALLGATHER, Kind.ALLTOALL):
+        if self.kind in (RequestKind.ALLGATHER, RequestKind.ALLTOALL):
             shapes: object = tuple(s[1:] for s in self.shapes)
         else:
             shapes = self.shapes
         return (self.kind, self.dtype, shapes, self.op, self.root, self.prescale, self.postscale)
 
     @property
-    def nbytes_hint(self) -> int:
+    def numel_hint(self) -> int:
+        """Elements over all the shapes (not bytes)."""
         n = 0
         for s in self.shapes:
             k = 1
@@ -98,10 +99,10 @@ class Request:
 
 @dataclass(frozen=True)
 class Response:
-    """What every rank executes. ``per_rank[r]`` is rank r's :meth:`Request.rank_part`;
+    """What every rank executes. ``per_rank[r]`` is rank r's :meth:`TensorRequest.rank_part`;
     ``joined`` the ranks that had joined (they contribute zeros / nothing)."""
 
-    request: Request
+    request: TensorRequest
     per_rank: tuple[tuple[int, ...], ...] = ()
     joined: tuple[int, ...] = ()
     error: str = ""
@@ -116,7 +117,7 @@ class Response:
         return (
             not self.error
             and not self.joined
-            and self.request.kind not in (Kind.JOIN, Kind.BARRIER)
+            and self.request.kind not in (RequestKind.JOIN, RequestKind.BARRIER)
         )
 
 
@@ -126,18 +127,18 @@ def reducescatter_rows(rows: int, size: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(size)]
 
 
-def _describe(req: Request) -> str:
+def _describe(req: TensorRequest) -> str:
     parts = [req.kind.label, req.dtype or "-", "x".join(map(str, req.shapes)) or "()"]
-    if req.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER):
-        parts.append(f"op={Op(req.op).name}")
+    if req.kind in (RequestKind.ALLREDUCE, RequestKind.REDUCESCATTER):
+        parts.append(f"op={HvdOp(req.op).name}")
         if req.prescale != 1.0 or req.postscale != 1.0:
             parts.append(f"scale={req.prescale:g}/{req.postscale:g}")
-    if req.kind is Kind.BROADCAST:
+    if req.kind is RequestKind.BROADCAST:
         parts.append(f"root={req.root}")
     return " ".join(parts)
 
 
-def validate(name: str, reqs: dict[int, Request], size: int, joined: Sequence[int]) -> str:
+def validate(name: str, reqs: dict[int, TensorRequest], size: int, joined: Sequence[int]) -> str:
     """An error message if the ranks' requests disagree, else ''."""
     first = min(reqs)
     ref = reqs[first]
@@ -161,7 +162,7 @@ def validate(name: str, reqs: dict[int, Request], size: int, joined: Sequence[in
                 f"mismatched {' and '.join(what) or 'arguments'} for tensor {name!r}: "
                 f"rank {first} submitted {_describe(ref)}, rank {r} submitted {_describe(q)}"
             )
-    if ref.kind is Kind.ALLTOALL:
+    if ref.kind is RequestKind.ALLTOALL:
         for r, q in reqs.items():
             if len(q.splits) != size:
                 return f"alltoall {name!r}: rank {r} gave {len(q.splits)} splits for {size} ranks"
@@ -169,23 +170,23 @@ def validate(name: str, reqs: dict[int, Request], size: int, joined: Sequence[in
         err = join_error(ref.kind)
         if err:
             return f"{err} (tensor {name!r}; joined ranks of the set: {list(joined)})"
-        if ref.op == Op.ADASUM and ref.kind is Kind.ALLREDUCE:
+        if ref.op == HvdOp.ADASUM and ref.kind is RequestKind.ALLREDUCE:
             return f"Adasum allreduce {name!r} is not supported after ranks {list(joined)} joined"
     return ""
 
 
-def join_error(kind: Kind) -> str:
+def join_error(kind: RequestKind) -> str:
     """Horovod's error for an operation other than allreduce while some rank has joined."""
-    if kind is Kind.ALLGATHER:
+    if kind is RequestKind.ALLGATHER:
         return (
             "Allgather is not supported with Join at this time. "
             "Specify sparse_to_dense=True if using DistributedOptimizer"
         )
-    if kind is Kind.BROADCAST:
+    if kind is RequestKind.BROADCAST:
         return "Broadcast is not supported with Join at this time."
-    if kind is Kind.ALLTOALL:
+    if kind is RequestKind.ALLTOALL:
         return "Alltoall is not supported with Join at this time."
-    if kind is Kind.REDUCESCATTER:
+    if kind is RequestKind.REDUCESCATTER:
         return "Reducescatter is not supported with Join at this time."
     return ""
 
@@ -195,13 +196,13 @@ class Coordinator:
     """Rank 0's table: requests per name and rank, joined ranks, readiness."""
 
     size: int
-    table: dict[str, dict[int, Request]] = field(default_factory=dict)
+    table: dict[str, dict[int, TensorRequest]] = field(default_factory=dict)
     arrival: list[str] = field(default_factory=list)
     joined: list[int] = field(default_factory=list)
 
-    def add(self, rank: int, reqs: Iterable[Request]) -> None:
+    def add(self, rank: int, reqs: Iterable[TensorRequest]) -> None:
         for q in reqs:
-            if q.kind is Kind.JOIN:
+            if q.kind is RequestKind.JOIN:
                 if rank not in self.joined:
                     self.joined.append(rank)
                 continue
@@ -232,7 +233,7 @@ class Coordinator:
                 continue
             self.arrival.remove(name)
             del self.table[name]
-            ref = reqs[min(reqs)] if reqs else Request(name, Kind.BARRIER)
+            ref = reqs[min(reqs)] if reqs else TensorRequest(name, RequestKind.BARRIER)
             if forced is not None:
                 out.append(Response(ref, error=forced))
                 continue
@@ -241,30 +242,30 @@ class Coordinator:
                 out.append(Response(ref, error=err))
                 continue
             per_rank: tuple[tuple[int, ...], ...] = ()
-            if ref.kind in (Kind.ALLGATHER, Kind.ALLTOALL):
+            if ref.kind in (RequestKind.ALLGATHER, RequestKind.ALLTOALL):
                 zero = tuple(0 for _ in ref.rank_part())
                 per_rank = tuple(
                     reqs[r].rank_part() if r in reqs else zero for r in range(self.size)
                 )
             out.append(Response(ref, per_rank=per_rank, joined=joined))
         if self.joined and len(self.joined) == self.size:
-            out.append(Response(Request("__join__", Kind.JOIN), value=self.joined[-1]))
+            out.append(Response(TensorRequest("__join__", RequestKind.JOIN), value=self.joined[-1]))
             self.joined = []
         return out
 
 
-def request_of(resp: Response, rank: int) -> Request:
+def request_of(resp: Response, rank: int) -> TensorRequest:
     """Rank ``rank``'s request that a cached response stands for."""
     q = resp.request
-    if q.kind is Kind.ALLGATHER and resp.per_rank:
+    if q.kind is RequestKind.ALLGATHER and resp.per_rank:
         dims = resp.per_rank[rank]
         return _replace(q, shapes=tuple((d, *s[1:]) for d, s in zip(dims, q.shapes, strict=True)))
-    if q.kind is Kind.ALLTOALL and resp.per_rank:
+    if q.kind is RequestKind.ALLTOALL and resp.per_rank:
         return _replace(q, splits=resp.per_rank[rank])
     return q
 
 
-def _replace(q: Request, **changes: object) -> Request:
+def _replace(q: TensorRequest, **changes: object) -> TensorRequest:
     import dataclasses
 
     return dataclasses.replace(q, **changes)  # type: ignore[arg-type]

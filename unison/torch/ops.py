@@ -20,7 +20,7 @@ import torch
 from .basics import ProcessSet, engine_of, global_process_set, settings
 from .errors import HorovodInternalError
 from .handle import Entry, Handle
-from .negotiation import Kind, Op, Request, parse_splits
+from .negotiation import HvdOp, RequestKind, TensorRequest, parse_splits
 
 __all__ = [
     "Adasum",
@@ -48,12 +48,12 @@ __all__ = [
     "synchronize",
 ]
 
-Average = Op.AVERAGE
-Sum = Op.SUM
-Adasum = Op.ADASUM
-Min = Op.MIN
-Max = Op.MAX
-Product = Op.PRODUCT
+Average = HvdOp.AVERAGE
+Sum = HvdOp.SUM
+Adasum = HvdOp.ADASUM
+Min = HvdOp.MIN
+Max = HvdOp.MAX
+Product = HvdOp.PRODUCT
 
 _SUPPORTED = {
     torch.uint8,
@@ -72,7 +72,7 @@ _names_lock = threading.Lock()
 _tls = threading.local()  # .blocking: the next submission is waited on at once
 
 
-def handle_average_backwards_compatibility(op: Any, average: Any) -> Op:
+def handle_average_backwards_compatibility(op: Any, average: Any) -> HvdOp:
     """Horovod's rule: ``op`` wins; the deprecated ``average=`` maps to Average/Sum."""
     if op is not None:
         if average is not None:
@@ -80,7 +80,7 @@ def handle_average_backwards_compatibility(op: Any, average: Any) -> Op:
                 "The op parameter supersedes average. Please provide only one of them."
             )
         try:
-            return Op(int(op))
+            return HvdOp(int(op))
         except (TypeError, ValueError):
             raise ValueError(f"unknown reduction op {op!r}") from None
     if average is not None:
@@ -89,8 +89,8 @@ def handle_average_backwards_compatibility(op: Any, average: Any) -> Op:
             DeprecationWarning,
             stacklevel=3,
         )
-        return Op.AVERAGE if average else Op.SUM
-    return Op.AVERAGE
+        return HvdOp.AVERAGE if average else HvdOp.SUM
+    return HvdOp.AVERAGE
 
 
 def reset_generated_names() -> None:
@@ -126,7 +126,7 @@ def _check(t: Any, what: str) -> torch.Tensor:
 
 def _submit(
     ps: ProcessSet,
-    req: Request,
+    req: TensorRequest,
     inputs: list[torch.Tensor],
     outputs: list[torch.Tensor] | None,
     finish: Callable[[Entry, Any], Any],
@@ -170,7 +170,7 @@ def _allreduce(
     tensors: Sequence[torch.Tensor],
     outputs: Sequence[torch.Tensor],
     name: str | None,
-    op: Op,
+    op: HvdOp,
     prescale_factor: float,
     postscale_factor: float,
     process_set: ProcessSet,
@@ -182,13 +182,13 @@ def _allreduce(
         raise ValueError("grouped_allreduce needs at least one tensor")
     if len({t.dtype for t in ts}) != 1:
         raise ValueError("all tensors of a grouped allreduce must have one dtype")
-    if op == Op.ADASUM and not ts[0].is_floating_point():
+    if op == HvdOp.ADASUM and not ts[0].is_floating_point():
         raise ValueError("Adasum needs floating-point tensors")
-    if op == Op.ADASUM and process_set is not global_process_set:
+    if op == HvdOp.ADASUM and process_set is not global_process_set:
         raise NotImplementedError("Adasum does not support non-global process sets yet.")
-    req = Request(
+    req = TensorRequest(
         _auto_name("grouped_allreduce" if grouped else "allreduce", name, process_set),
-        Kind.ALLREDUCE,
+        RequestKind.ALLREDUCE,
         str(ts[0].dtype),
         tuple(tuple(t.shape) for t in ts),
         int(op),
@@ -287,9 +287,9 @@ def _allgather(
 ) -> Handle:
     ts = _check_grouped(tensors, "allgather")
     engine_of(ps)
-    req = Request(
+    req = TensorRequest(
         _auto_name("grouped_allgather" if grouped else "allgather", name, ps),
-        Kind.ALLGATHER,
+        RequestKind.ALLGATHER,
         str(ts[0].dtype),
         tuple(tuple(t.shape) for t in ts),
     )
@@ -322,9 +322,9 @@ def _broadcast(
         raise ValueError(f"root_rank {root} is not a member of {ps}")
     if ps.ranks is None and not 0 <= root < ps.size():
         raise ValueError(f"root_rank {root} is out of range: the job has ranks 0..{ps.size() - 1}")
-    req = Request(
+    req = TensorRequest(
         _auto_name("broadcast", name, ps),
-        Kind.BROADCAST,
+        RequestKind.BROADCAST,
         str(t.dtype),
         (tuple(t.shape),),
         root=root,
@@ -383,9 +383,9 @@ def alltoall_async(
             raise ValueError("Sum of splits entries is greater than the first dimension of tensor.")
         if sum(sp) < t.shape[0]:  # Horovod sends the first sum(splits) rows only
             t = t[: sum(sp)]
-    req = Request(
+    req = TensorRequest(
         _auto_name("alltoall", name, process_set),
-        Kind.ALLTOALL,
+        RequestKind.ALLTOALL,
         str(t.dtype),
         (tuple(t.shape),),
         splits=tuple(sp),
@@ -404,14 +404,14 @@ def _reducescatter(
     postscale_factor: float,
     grouped: bool,
 ) -> Handle:
-    rop = Op.AVERAGE if op is None else Op(int(op))
-    if rop == Op.ADASUM:
+    rop = HvdOp.AVERAGE if op is None else HvdOp(int(op))
+    if rop == HvdOp.ADASUM:
         raise NotImplementedError("reducescatter does not support Adasum")
     ts = _check_grouped(tensors, "reducescatter")
     engine_of(ps)
-    req = Request(
+    req = TensorRequest(
         _auto_name("grouped_reducescatter" if grouped else "reducescatter", name, ps),
-        Kind.REDUCESCATTER,
+        RequestKind.REDUCESCATTER,
         str(ts[0].dtype),
         tuple(tuple(t.shape) for t in ts),
         int(rop),
@@ -467,14 +467,14 @@ def synchronize(handle: Any) -> Any:
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of the set reaches the barrier."""
     engine_of(process_set)
-    req = Request(_auto_name("barrier", None, process_set), Kind.BARRIER)
+    req = TensorRequest(_auto_name("barrier", None, process_set), RequestKind.BARRIER)
     blocking(_submit, process_set, req, [], None, _same)
 
 
 def join(device: int = -1) -> int:
     """This rank is out of data: it contributes zeros to every allreduce the others run
     until all ranks have joined. Returns the rank that joined last."""
-    req = Request("__join__", Kind.JOIN)
+    req = TensorRequest("__join__", RequestKind.JOIN)
     h = _submit(global_process_set, req, [], None, _same)
     # as in Horovod, join blocks until every rank has joined, however long the others
     # train: the deadline restarts whenever the engine completes another negotiation

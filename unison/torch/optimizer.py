@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from .basics import ProcessSet, global_process_set
+from .collectives import sparse_allreduce_async
 from .compression import Compression, Compressor
-from .functional import sparse_allreduce_async
-from .negotiation import Op
+from .negotiation import HvdOp
 from .ops import Average, allreduce_async_, grouped_allreduce_async_, synchronize
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer"]
@@ -33,7 +33,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         named_parameters: Any,
         compression: type[Compressor],
         backward_passes_per_step: int,
-        op: Op,
+        op: HvdOp,
         gradient_predivide_factor: float,
         groups: Any,
         sparse_as_dense: bool,
@@ -376,7 +376,7 @@ def DistributedOptimizer(
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    rop = Op(int(op))
+    rop = HvdOp(int(op))
     if gradient_predivide_factor != 1.0 and rop != Average:
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
     if num_groups != 0:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .basics import size
-from .functional import allreduce
+from .collectives import allreduce
 from .ops import Sum
 
 __all__ = ["SyncBatchNorm"]

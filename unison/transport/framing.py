@@ -18,7 +18,7 @@ import enum
 import struct
 from typing import NamedTuple
 
-__all__ = ["HEADER", "MAGIC", "Frame", "Kind", "OpSig", "pack", "unpack"]
+__all__ = ["HEADER", "MAGIC", "Frame", "FrameKind", "OpSig", "pack", "unpack"]
 
 MAGIC = 0x554E  # "UN"
 VERSION = 1
@@ -27,7 +27,7 @@ HEADER = struct.Struct("<HBBBBBBIIQiIQQ")
 MAX_PAYLOAD = 1 << 40
 
 
-class Kind(enum.IntEnum):
+class FrameKind(enum.IntEnum):
     P2P = 1
     COLL = 2
     CONTROL = 3
@@ -54,7 +54,7 @@ class OpSig(NamedTuple):
 
 
 class Frame(NamedTuple):
-    kind: Kind
+    kind: FrameKind
     group: int
     seq: int
     tag: int
@@ -101,7 +101,7 @@ def unpack(data: bytes | bytearray | memoryview) -> Frame:
     if version != VERSION:
         raise FrameError(f"unsupported frame version {version}")
     try:
-        k = Kind(kind)
+        k = FrameKind(kind)
     except ValueError:
         raise FrameError(f"unknown frame kind {kind}") from None
     if length > MAX_PAYLOAD:

@@ -36,7 +36,7 @@ from ..errors import PeerLostError
 from ..log import get_logger
 from . import futex
 from .base import Events, Key, MatchingTransport, PeerInfo
-from .framing import HEADER, FrameError, Kind, OpSig, pack, unpack
+from .framing import HEADER, FrameError, FrameKind, OpSig, pack, unpack
 from .matching import Matcher, Unexpected
 from .request import Request
 from .shm_ring import Ring
@@ -301,7 +301,7 @@ class ShmTransport(MatchingTransport):
         late = self.matcher.add_unexpected(ib.peer, ib.key, msg)
         if late is not None:
             self._deliver_copy(late, msg)
-        elif ib.kind == Kind.COLL:
+        elif ib.kind == FrameKind.COLL:
             self._deferred.append((ib.peer, ib.key, ib.sig))
 
     # --- progress -------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import PeerLostError
 from ..log import get_logger
 from .base import Events, Key, MatchingTransport, PeerInfo
-from .framing import HEADER, Control, FrameError, Kind, OpSig, pack, unpack
+from .framing import HEADER, Control, FrameError, FrameKind, OpSig, pack, unpack
 from .matching import Matcher, Unexpected
 from .request import Request
 
@@ -170,7 +170,7 @@ class TcpTransport(MatchingTransport):
         conn = self.conns.get(peer)
         if conn is None or conn.dead is not None:
             return
-        hdr = pack(Kind.CONTROL, 0, 0, ctl, OpSig(), len(payload))
+        hdr = pack(FrameKind.CONTROL, 0, 0, ctl, OpSig(), len(payload))
         view = np.frombuffer(payload, np.uint8) if payload else None
         if conn.send_lock.acquire(timeout=2.0):
             try:
@@ -223,7 +223,7 @@ class TcpTransport(MatchingTransport):
         try:
             while self._recv_into(conn, hmv):
                 frame = unpack(hdr)
-                if frame.kind is Kind.CONTROL:
+                if frame.kind is FrameKind.CONTROL:
                     if not self._control(conn, frame.tag, frame.length):
                         break
                     continue
@@ -236,7 +236,7 @@ class TcpTransport(MatchingTransport):
                     req = self.matcher.add_unexpected(conn.peer, key, Unexpected(data, frame.sig))
                     if req is not None:
                         self._deliver_copy(req, Unexpected(data, frame.sig))
-                    elif frame.kind is Kind.COLL:
+                    elif frame.kind is FrameKind.COLL:
                         self.events.unexpected(conn.peer, key, frame.sig)
                     continue
                 if frame.length != req.nbytes or not _sig_matches(req.sig, frame.sig):

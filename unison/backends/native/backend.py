@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..._types import ReduceOp
-from ...algorithms import OpCode, OpContext, linear
+from ...algorithms import OpCode, OpContext, gather_scatter_linear
 from ...algorithms import barrier_dissemination as barrier_algo
 from ...buffers import Buffer, finalize_average, kernel
 from .p2p import post_recv, post_send
@@ -76,7 +76,7 @@ class NativeBackend:
 
             return ex.submit(OpCode.ALL_REDUCE, sig, small_body(self.rt, s, sig, run))
         kern = kernel(op, b.dtype)
-        algo = self._choose(comm, "allreduce", b.nbytes)
+        algo = self._choose(comm, "all_reduce", b.nbytes)
 
         def body(ctx: OpContext) -> None:
             algo.run(ctx, b.array, kern, op, b.dtype, ctx.seg_count(b.dtype))
@@ -101,7 +101,7 @@ class NativeBackend:
         if slots is not None:
             run = small_all_gather(slots, b, outs, result)
             return ex.submit(OpCode.ALL_GATHER, sig, small_body(self.rt, slots, sig, run))
-        algo = self._choose(comm, "allgather", b.nbytes * comm.size)
+        algo = self._choose(comm, "all_gather", b.nbytes * comm.size)
         me = comm.rank
         assert me is not None
 
@@ -123,7 +123,7 @@ class NativeBackend:
         ex = self._ex(comm)
 
         def body(ctx: OpContext) -> None:
-            linear.gather(ctx, b.array, outs, root)
+            gather_scatter_linear.gather(ctx, b.array, outs, root)
 
         sig = ex.sig(OpCode.GATHER, b.dtype, b.count, root=comm.ranks[root])
         return ex.submit(OpCode.GATHER, sig, body)
@@ -138,7 +138,7 @@ class NativeBackend:
         ex = self._ex(comm)
 
         def body(ctx: OpContext) -> None:
-            linear.scatter(ctx, b.array, ins, root)
+            gather_scatter_linear.scatter(ctx, b.array, ins, root)
 
         sig = ex.sig(OpCode.SCATTER, b.dtype, b.count, root=comm.ranks[root])
         return ex.submit(OpCode.SCATTER, sig, body)
@@ -175,7 +175,7 @@ class NativeBackend:
         ref: Buffer | None = None,
     ) -> Work:
         ex = self._ex(comm)
-        algo = self._choose(comm, "alltoall", sum(int(x.nbytes) for x in ins))
+        algo = self._choose(comm, "all_to_all", sum(int(x.nbytes) for x in ins))
 
         def body(ctx: OpContext) -> Any:
             algo.run(ctx, outs, ins)

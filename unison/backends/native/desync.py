@@ -23,8 +23,8 @@ from collections import defaultdict
 import numpy as np
 
 from ...algorithms import OpCode, OpContext, describe
-from ...algorithms import allreduce_recursive_doubling as rd
-from ...algorithms import ring_allgather as ag
+from ...algorithms import all_gather_ring as ag
+from ...algorithms import all_reduce_recursive_doubling as rd
 from ...algorithms._schedule import recursive_doubling_plan
 from ...errors import MismatchError
 from ...transport.framing import OpSig

@@ -41,7 +41,7 @@ from ...link import Link, shared_link, transport_link, two_level
 from ...log import get_logger
 from ...transport import cma
 from ...transport.base import Events, Key, PeerInfo, Transport
-from ...transport.framing import Kind, OpSig
+from ...transport.framing import FrameKind, OpSig
 from ...transport.matching import ANY_SOURCE
 from ...transport.request import Request
 from ...transport.seqslot import SeqSlots, region_bytes
@@ -120,7 +120,7 @@ class Fabric:
         self._agree(peers, all(self.route[p] is self.shm for p in peers), deadline)
 
     def _key(self, tag: int) -> Key:
-        return (int(Kind.P2P), _FABRIC_GROUP, 0, tag)
+        return (int(FrameKind.P2P), _FABRIC_GROUP, 0, tag)
 
     def _exchange(
         self, peers: list[int], tag: int, make: dict[int, dict[str, object]], deadline: float

@@ -17,7 +17,7 @@ from ...algorithms import OpCode, describe
 from ...buffers import Buffer
 from ...comm.work import Work
 from ...errors import CollectiveTimeoutError, CommunicationError, MismatchError
-from ...transport.framing import Kind, OpSig
+from ...transport.framing import FrameKind, OpSig
 from ...transport.matching import ANY_SOURCE
 from ...transport.request import Request
 
@@ -70,7 +70,7 @@ def request_work(
 
 
 def _key(ex: Executor, tag: int) -> tuple[int, int, int, int]:
-    return (int(Kind.P2P), ex.id, 0, int(tag))
+    return (int(FrameKind.P2P), ex.id, 0, int(tag))
 
 
 def post_send(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:

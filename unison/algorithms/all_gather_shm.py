@@ -6,7 +6,7 @@ synchronisation per round; each byte is copied once in and once out per reader.
 
 Cost per round (n bytes gathered in total): 2(p−1)α + n·c.
 Preconditions: every rank on one host (a :class:`SharedLink`); blocks of equal
-length; the world group (others run :mod:`.ring_allgather`).
+length; the world group (others run :mod:`.all_gather_ring`).
 Reference: OpenMPI ``coll/sm``.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..link import Link, SharedLink
-from . import ring_allgather
+from . import all_gather_ring
 from ._context import OpContext
 from .shm_arena import arena_of, rounds, sync, sync_cost
 from .topology import Topology
@@ -44,7 +44,7 @@ def supports(p: int, n: int, topo: Topology) -> bool:
 
 def run(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int) -> None:
     if ctx.size == 1 or len({len(b) for b in blocks}) != 1:
-        ring_allgather.run(ctx, blocks, seg)
+        all_gather_ring.run(ctx, blocks, seg)
         return
     arena = arena_of(ctx, NAME)
     p, me = ctx.size, ctx.rank

@@ -12,7 +12,7 @@ Cost per round (n bytes): 4(p−1)α (two synchronisations of p−1 sends and
 receives each) + (2(p−1)+1)/p·n·c (copies in and out; c the local copy cost)
 + ((p−1)/p)·n·γ.
 Preconditions: every rank of the job on one host with shared memory (the link
-is a :class:`SharedLink`); the world group (others run :mod:`.allreduce_ring`).
+is a :class:`SharedLink`); the world group (others run :mod:`.all_reduce_ring`).
 Reference: the direct shared-memory reduce-scatter/all-gather of Li et al.,
 "NUMA-aware shared-memory collective communication for MPI" (HPDC 2013), and
 OpenMPI's ``coll/sm``.
@@ -27,7 +27,7 @@ import numpy as np
 from .._types import ReduceOp
 from ..buffers import DType, Kernel, finalize_average
 from ..link import Link, SharedLink
-from . import allreduce_ring
+from . import all_reduce_ring
 from ._context import OpContext
 from ._schedule import chunks
 from .shm_arena import arena_of, rounds, sync, sync_cost
@@ -72,7 +72,7 @@ def run(
     ctx: OpContext, arr: np.ndarray, kern: Kernel, op: ReduceOp, dtype: DType, seg: int
 ) -> None:
     if ctx.size == 1:
-        allreduce_ring.run(ctx, arr, kern, op, dtype, seg)
+        all_reduce_ring.run(ctx, arr, kern, op, dtype, seg)
         return
     arena = arena_of(ctx, NAME)
     p, me = ctx.size, ctx.rank

@@ -25,7 +25,7 @@ pays 2(H−1) instead of 2(HL−1) network latencies.
 Preconditions: the group spans at least two hosts with equally many ranks on each,
 contiguous by host (else the flat ring runs, the same choice on every rank); the
 selector considers it for the world group of a multi-host job
-(:class:`~unison.link.TwoLevelLink`). ``UNISON_ALGO=allreduce:hierarchical`` on one host
+(:class:`~unison.link.TwoLevelLink`). ``UNISON_ALGO=all_reduce:hierarchical`` on one host
 raises :class:`~unison.errors.UnsupportedError`.
 Reference: Sergeev & Del Balso, "Horovod" (2018), hierarchical all-reduce; Thakur,
 Rabenseifner & Gropp (2005) for the ring and recursive-doubling phases.
@@ -41,11 +41,11 @@ from .._types import ReduceOp
 from ..buffers import DType, Kernel, finalize_average
 from ..errors import UnsupportedError
 from ..link import Link, TwoLevelLink
-from . import allreduce_recursive_doubling, allreduce_ring
+from . import all_reduce_recursive_doubling, all_reduce_ring
 from ._context import OpContext
 from ._schedule import chunks
-from .ring_allgather import allgather_blocks
-from .ring_reduce_scatter import reduce_scatter_blocks
+from .all_gather_ring import allgather_blocks
+from .reduce_scatter_ring import reduce_scatter_blocks
 from .sub_context import SubContext
 from .topology import Topology
 
@@ -60,8 +60,8 @@ def _inter(hosts: int, per_host: int, n: int, link: Link) -> tuple[float, bool]:
     """Predicted inter-host time and whether recursive doubling beats the ring."""
     shared = Link(link.alpha, link.beta * per_host, link.gamma)  # L streams on one NIC
     piece = math.ceil(n / per_host)
-    ring = allreduce_ring.cost(hosts, piece, shared)
-    rd = allreduce_recursive_doubling.cost(hosts, piece, shared)
+    ring = all_reduce_ring.cost(hosts, piece, shared)
+    rd = all_reduce_recursive_doubling.cost(hosts, piece, shared)
     return min(ring, rd), rd < ring
 
 
@@ -96,7 +96,7 @@ def run(
     inner = ReduceOp.SUM if op is ReduceOp.AVG else op  # AVG divides once, by p, below
     two = ctx.topo.link
     use_rd = isinstance(two, TwoLevelLink) and _inter(len(hosts), L, arr.nbytes, two)[1]
-    algo = allreduce_recursive_doubling if use_rd else allreduce_ring
+    algo = all_reduce_recursive_doubling if use_rd else all_reduce_ring
     algo.run(cross, blocks[j], kern, inner, dtype, seg)
     if op is ReduceOp.AVG:
         finalize_average(blocks[j], dtype, ctx.size)

@@ -21,8 +21,8 @@ from ..buffers import DType, Kernel, finalize_average
 from ..link import Link
 from ._context import OpContext
 from ._schedule import chunks
-from .ring_allgather import allgather_blocks
-from .ring_reduce_scatter import reduce_scatter_blocks
+from .all_gather_ring import allgather_blocks
+from .reduce_scatter_ring import reduce_scatter_blocks
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]

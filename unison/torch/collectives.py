@@ -17,7 +17,7 @@ import torch
 
 from .basics import ProcessSet, global_process_set
 from .compression import Compression, Compressor
-from .negotiation import Op
+from .negotiation import HvdOp
 from .ops import (
     Average,
     allgather_async,
@@ -59,7 +59,13 @@ def _call(fn: Any, *args: Any) -> Any:
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, tensor: torch.Tensor, name: Any, op: Op, pre: float, post: float, ps: ProcessSet
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: Any,
+        op: HvdOp,
+        pre: float,
+        post: float,
+        ps: ProcessSet,
     ) -> Any:
         ctx.args = (op, pre, post, ps)
         return blocking(allreduce_async, tensor, None, name, op, pre, post, ps)
@@ -118,7 +124,13 @@ def allreduce_(
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, name: Any, op: Op, pre: float, post: float, ps: ProcessSet, *tensors: torch.Tensor
+        ctx: Any,
+        name: Any,
+        op: HvdOp,
+        pre: float,
+        post: float,
+        ps: ProcessSet,
+        *tensors: torch.Tensor,
     ) -> Any:
         ctx.args = (op, pre, post, ps)
         return tuple(
@@ -300,7 +312,13 @@ def alltoall(
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, tensor: torch.Tensor, name: Any, op: Op, ps: ProcessSet, pre: float, post: float
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: Any,
+        op: HvdOp,
+        ps: ProcessSet,
+        pre: float,
+        post: float,
     ) -> Any:
         ctx.op, ctx.ps = op, ps
         return blocking(reducescatter_async, tensor, name, op, ps, pre, post)
@@ -310,10 +328,10 @@ class _Reducescatter(torch.autograd.Function):
         return _reducescatter_grad(grad, ctx.op, ctx.ps), None, None, None, None, None
 
 
-def _reducescatter_grad(grad: torch.Tensor, op: Op, ps: ProcessSet) -> torch.Tensor:
+def _reducescatter_grad(grad: torch.Tensor, op: HvdOp, ps: ProcessSet) -> torch.Tensor:
     """Horovod's gradient of a reducescatter: the allgather of the incoming gradient,
     times the set size for Sum (Average: the allgather as it is)."""
-    if op == Op.SUM:
+    if op == HvdOp.SUM:
         grad = grad * ps.size()
     return allgather(grad.contiguous(), process_set=ps)
 
@@ -321,14 +339,20 @@ def _reducescatter_grad(grad: torch.Tensor, op: Op, ps: ProcessSet) -> torch.Ten
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, name: Any, op: Op, ps: ProcessSet, pre: float, post: float, *tensors: torch.Tensor
+        ctx: Any,
+        name: Any,
+        op: HvdOp,
+        ps: ProcessSet,
+        pre: float,
+        post: float,
+        *tensors: torch.Tensor,
     ) -> Any:
         ctx.op, ctx.ps = op, ps
         return tuple(blocking(grouped_reducescatter_async, list(tensors), name, op, ps, pre, post))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        if ctx.op == Op.SUM:
+        if ctx.op == HvdOp.SUM:
             grads = tuple(g * ctx.ps.size() for g in grads)
         out = grouped_allgather([g.contiguous() for g in grads], process_set=ctx.ps)
         return (None, None, None, None, None, *out)
@@ -349,7 +373,7 @@ def reducescatter(
         _Reducescatter,
         compressed,
         name,
-        Op(int(op)),
+        HvdOp(int(op)),
         process_set,
         prescale_factor,
         postscale_factor,
@@ -370,7 +394,7 @@ def grouped_reducescatter(
     outs = _call(
         _GroupedReducescatter,
         name,
-        Average if op is None else Op(int(op)),
+        Average if op is None else HvdOp(int(op)),
         process_set,
         prescale_factor,
         postscale_factor,
@@ -393,7 +417,7 @@ def sparse_allreduce_async(
     def finish() -> torch.Tensor:
         values = synchronize(vh)
         indices = synchronize(ih)
-        if Op(int(op)) == Average:
+        if HvdOp(int(op)) == Average:
             values = values / process_set.size()
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size()).coalesce()
 
