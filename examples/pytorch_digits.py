@@ -18,43 +18,13 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from digits_data import Net, load_data
+from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import unison.torch as hvd
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc2(x)
-
-
-def load_data(seed: int) -> tuple[TensorDataset, TensorDataset]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32)[:, None, :, :]
-    y = digits.target.astype(np.int64)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
-    return (
-        TensorDataset(torch.from_numpy(xtr), torch.from_numpy(ytr)),
-        TensorDataset(torch.from_numpy(xte), torch.from_numpy(yte)),
-    )
 
 
 def metric_sum(value: float, name: str) -> float:

@@ -59,13 +59,22 @@ def test_console_script_and_demo_extra() -> None:
     assert (ROOT / "unison" / "__main__.py").is_file()  # python -m unison
     demo = {_name(r) for r in EXTRAS["demo"]}
     assert not demo & DEV_TOOLS, demo
-    tree = ast.parse((ROOT / "examples" / "pytorch_digits.py").read_text())
-    imported = {
-        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.Import, ast.ImportFrom)) and not getattr(n, "level", 0)
-        for a in n.names
-    }
+    # the demo script and the example modules it imports from examples/ (digits_data)
+    imported: set[str] = set()
+    todo, seen = ["pytorch_digits"], set()
+    while todo:
+        mod = todo.pop()
+        seen.add(mod)
+        tree = ast.parse((ROOT / "examples" / f"{mod}.py").read_text())
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.Import, ast.ImportFrom)) and not getattr(n, "level", 0):
+                for a in n.names:
+                    top = (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+                    if (ROOT / "examples" / f"{top}.py").is_file():
+                        todo += [] if top in seen else [top]
+                    else:
+                        imported.add(top)
+    assert "digits_data" in seen, seen
     third_party = imported - set(sys.stdlib_module_names) - {"unison", "numpy", "__future__"}
     assert third_party, imported
     for mod in third_party:

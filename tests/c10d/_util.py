@@ -58,6 +58,7 @@ def _script(path: str, argv: list[str], port: int) -> int:
         MASTER_PORT=str(port),
     )
     sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(path))  # as `python path` does (sibling imports)
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
