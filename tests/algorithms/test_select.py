@@ -99,3 +99,36 @@ def test_eligibility_comes_from_the_topology() -> None:
     uneven = Topology(two, hosts=((0, 1, 2), (3,)))
     with pytest.raises(UnsupportedError, match="the same number on each"):
         choose("all_reduce", 4, 1 << 20, uneven, {"all_reduce": "hierarchical"})
+
+
+def test_one_phase_all_reduce_chosen_by_the_measured_model() -> None:
+    """The one-phase shared-memory all-reduce saves a synchronisation and the copies of
+    reduced slices, at the price of (p−1)·n reduced bytes per rank instead of
+    ((p−1)/p)·n: the model picks it where that pays, from the link's own numbers, and
+    refuses it without the shared slots (a sub-group, or the TCP transport)."""
+    from unison.algorithms import all_reduce_shm, all_reduce_shm_one
+    from unison.link import SharedLink, crowding
+
+    # reduction as fast as a copy (what np.add into an operand measures on most hosts)
+    link = SharedLink(alpha=20e-6, gamma=1 / 8e9, copy=1 / 8e9, sync=20e-6, cores=16)
+    world = Topology(link, shared=True)
+    for n in (1 << 20, 16 << 20, 256 << 20):
+        assert choose("all_reduce", 2, n, world, {}).name == "shm_one"
+    assert choose("all_reduce", 8, 16 << 20, world, {}).name == "shm"  # 7n reduced each
+    # a slow reduction (e.g. a bfloat16 kernel) tips p = 2 at large n to the two phases
+    slow = Topology(SharedLink(alpha=20e-6, gamma=1 / 1e9, copy=1 / 8e9, sync=20e-6), True)
+    assert choose("all_reduce", 2, 256 << 20, slow, {}).name == "shm"
+    # ranks outnumbering cores: every per-byte term grows by p / cores, syncs too
+    small = SharedLink(alpha=20e-6, gamma=1 / 8e9, copy=1 / 8e9, sync=20e-6, cores=2)
+    assert crowding(4, small) == 2.0 and crowding(2, small) == 1.0
+    n = 1 << 20
+    assert all_reduce_shm_one.cost(4, n, small) == pytest.approx(
+        2 * 20e-6 + 2 * (n / 8e9 + 3 * n / 8e9)
+    )
+    assert all_reduce_shm.cost(4, n, small) > all_reduce_shm.cost(4, n, link)
+    sub = Topology(link, shared=False)
+    assert choose("all_reduce", 2, 1 << 20, sub, {}).name not in ("shm", "shm_one")
+    with pytest.raises(UnsupportedError, match=r"all_reduce:shm_one.*needs every rank on one"):
+        choose("all_reduce", 2, 1 << 20, sub, {"all_reduce": "shm_one"})
+    with pytest.raises(UnsupportedError, match=r"all_reduce:shm_one"):
+        choose("all_reduce", 2, 1 << 20, LINK, {"all_reduce": "shm_one"})

@@ -28,10 +28,19 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import UnsupportedError
-from ..link import SLOT_BYTES, Link, SharedLink
+from ..link import SLOT_BYTES, Link, SharedLink, crowding
 from ._context import OpContext
 
-__all__ = ["SLOT_BYTES", "Arena", "SharedLink", "arena_of", "rounds", "sync", "sync_cost"]
+__all__ = [
+    "SLOT_BYTES",
+    "Arena",
+    "SharedLink",
+    "arena_of",
+    "crowding",
+    "rounds",
+    "sync",
+    "sync_cost",
+]
 
 _EMPTY = np.empty(0, np.uint8)
 
@@ -42,9 +51,12 @@ def rounds(n: int, link: Link) -> int:
 
 
 def sync_cost(p: int, link: Link) -> float:
-    """Seconds of one :func:`sync` of ``p`` ranks under ``link``."""
-    per = link.sync if isinstance(link, SharedLink) and link.sync > 0 else link.alpha
-    return 2 * (p - 1) * per
+    """Seconds of one :func:`sync` of ``p`` ranks under ``link``: a barrier on the shared
+    sequence slots (every rank publishes once and reads the others: about one α,
+    whatever ``p``), else 2(p−1) zero-byte messages."""
+    if isinstance(link, SharedLink) and link.sync > 0:
+        return link.sync * crowding(p, link)
+    return 2 * (p - 1) * link.alpha
 
 
 class Arena:

@@ -20,7 +20,11 @@ What is measured (about a quarter of a second, once per host):
 
 * shm α: half the round trip of a sequence number through a shared mapping
   between this process and a child process (the floor of a shared-memory hop);
-* shm β: two local copies per byte (into the ring and out of it);
+* shm β: two local copies per byte (into the ring and out of it), plus one hop and
+  the per-message Python work at both ends for every ring-full (a message crosses
+  the ring in pieces of :data:`RING_PIECE` bytes);
+* γ: one reduction per byte (``np.add`` of two float32 arrays into the first, the
+  direct algorithms' arithmetic);
 * tcp α and β: a round trip and an 8 MiB stream over a local socket pair;
 * overhead: packing, parsing and matching one frame header in Python (the fixed
   per-message work of :mod:`.framing` at one end), the part no link removes.
@@ -75,6 +79,8 @@ _DEADLINE_S = 5.0  # a measurement that takes longer is abandoned (defaults are 
 _LOCK_S = 60.0  # longest wait for another process's measurement
 _STREAM = 8 << 20  # bytes streamed for the tcp bandwidth
 _COPY = 8 << 20  # bytes copied for the local copy bandwidth
+#: bytes a message crosses the shm transport's ring in (the ring's capacity)
+RING_PIECE = 1 << 19
 
 # Used only when a measurement fails (no child process possible, deadline passed).
 _FALLBACK_SHM = (5e-6, 2 / 4e9)
@@ -107,6 +113,8 @@ class Calibration:
     host: dict[str, Any]
     source: str = "measured"
     call_overhead: float = 0.0  # UNISON_CALL_OVERHEAD (seconds per call), not measured
+    gamma: float = 0.0  # seconds per byte reduced (0: not measured)
+    copy: float = 0.0  # seconds per byte of one local copy (0: not measured)
 
     def link(self, transport: str) -> LinkParams:
         return self.tcp if transport == "tcp" else self.shm
@@ -125,6 +133,8 @@ class Calibration:
             overhead=float(data["overhead"]),
             host=dict(data["host"]),
             source=source,
+            gamma=float(data["gamma"]),
+            copy=float(data["copy"]),
         )
 
 
@@ -221,6 +231,19 @@ def _copy_beta() -> float:
     return best / _COPY
 
 
+def _reduce_gamma() -> float:
+    """Seconds per byte of ``np.add(a, b, out=a)`` on float32 (best of a few): a
+    reduction into one of its operands, as the direct algorithms do it."""
+    a = np.ones(_COPY // 4, np.float32)
+    b = np.ones_like(a)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        np.add(a, b, out=a)
+        best = min(best, time.perf_counter() - t)
+    return best / _COPY
+
+
 def _overhead() -> float:
     from .framing import OpSig, pack, unpack
     from .matching import Matcher
@@ -306,14 +329,16 @@ def measure() -> Calibration:
     """Measure this host now (no cache involved)."""
     overhead = _overhead()
     copy = _copy_beta()
+    gamma = _reduce_gamma()
     try:
         shm_alpha, tcp_alpha, tcp_beta = _pair()
         source = "measured"
     except (OSError, TimeoutError, ConnectionError):
         shm_alpha, (tcp_alpha, tcp_beta) = _FALLBACK_SHM[0], _FALLBACK_TCP
         source = "measured (pair test failed; defaults for α)"
+    piece = (shm_alpha + 2 * overhead) / RING_PIECE  # a hop and both ends' work per piece
     return Calibration(
-        shm=LinkParams(shm_alpha, 2 * copy),
+        shm=LinkParams(shm_alpha, 2 * copy + piece),
         tcp=LinkParams(tcp_alpha, tcp_beta),
         overhead=overhead,
         host={
@@ -322,6 +347,8 @@ def measure() -> Calibration:
             "load": _load(),
         },
         source=source,
+        gamma=gamma,
+        copy=copy,
     )
 
 
@@ -380,7 +407,14 @@ def _override(cal: Calibration, env: Mapping[str, str]) -> Calibration:
     pinned = pinned or cfg.call_overhead > 0
     source = cal.source + " + UNISON_* overrides" if pinned else cal.source
     return Calibration(
-        links["shm"], links["tcp"], cal.overhead, cal.host, source, cfg.call_overhead
+        links["shm"],
+        links["tcp"],
+        cal.overhead,
+        cal.host,
+        source,
+        cfg.call_overhead,
+        cal.gamma,
+        cal.copy,
     )
 
 
@@ -437,6 +471,8 @@ def main(args: argparse.Namespace | None = None) -> int:
         p = cal.link(tr)
         print(f"  {tr}: alpha {p.alpha * 1e6:.2f} us, beta {1 / p.beta / 1e9:.2f} GB/s")
     print(f"  per-message Python work {cal.overhead * 1e6:.2f} us at each end")
+    if cal.gamma > 0:
+        print(f"  reduction {1 / cal.gamma / 1e9:.2f} GB/s (float32 add, one core)")
     print(f"cached in {path}" if path is not None else "not cached (UNISON_LINK_CACHE=off)")
     return 0
 
@@ -471,6 +507,8 @@ def install(env: Mapping[str, str] | None = None) -> Calibration | None:
                 alpha=p.alpha + 2 * cal.overhead,
                 hop=p.alpha,
                 beta=p.beta,
+                gamma=cal.gamma or base.gamma,
+                copy=cal.copy if tr == "shm" else 0.0,
                 overhead=cal.call_overhead or base.overhead,
             ),
         )
