@@ -60,6 +60,9 @@ class Link:
     hop: float = 0.0
     #: seconds per byte of one local memory copy (0: not known)
     copy: float = 0.0
+    #: seconds per byte copied out of another process by cross-memory attach
+    #: (``process_vm_readv``); 0: not known (the algorithms that use it are not chosen)
+    cma: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,7 @@ def shared_link(
         b.overhead,
         b.hop,
         copy=b.copy or b.beta / 2,
+        cma=b.cma,
         half=half,
         sync=sync,
         cores=os.cpu_count() or 0,

@@ -132,3 +132,22 @@ def test_one_phase_all_reduce_chosen_by_the_measured_model() -> None:
         choose("all_reduce", 2, 1 << 20, sub, {"all_reduce": "shm_one"})
     with pytest.raises(UnsupportedError, match=r"all_reduce:shm_one"):
         choose("all_reduce", 2, 1 << 20, LINK, {"all_reduce": "shm_one"})
+
+
+def test_single_copy_all_gather_needs_a_measured_cma_rate() -> None:
+    """The cross-memory all-gather is priced by the measured process_vm_readv speed: not
+    measured (0), never chosen; measured fast, chosen for large messages; refused
+    without the shared slots (the TCP transport, a sub-group)."""
+    from unison.algorithms import all_gather_cma
+    from unison.link import SharedLink
+
+    unknown = SharedLink(alpha=20e-6, copy=1 / 8e9, sync=20e-6)
+    assert all_gather_cma.cost(2, 1 << 20, unknown) == float("inf")
+    fast = SharedLink(alpha=20e-6, copy=1 / 8e9, cma=1 / 8e9, sync=20e-6)
+    world = Topology(fast, shared=True)
+    assert choose("all_gather", 2, 64 << 20, world, {}).name == "cma"  # one copy, not two
+    assert choose("all_gather", 2, 64 << 20, world, {"all_gather": "cma"}).forced
+    with pytest.raises(UnsupportedError, match=r"all_gather:cma.*process_vm_readv"):
+        choose("all_gather", 2, 1 << 20, LINK, {"all_gather": "cma"})
+    with pytest.raises(UnsupportedError, match=r"all_gather:cma"):
+        choose("all_gather", 2, 1 << 20, Topology(fast, shared=False), {"all_gather": "cma"})

@@ -161,7 +161,31 @@ def _grid_small_slot(algo: str) -> int:
         digests = _all_reduce_every_dtype("shm_one")
         every = un.all_gather_object(digests)
         assert all(d == digests for d in every), "ranks differ bitwise"
-        cases += len(digests)
+        cases += len(digests) + _all_gather_cma()
+    return cases
+
+
+def _all_gather_cma() -> int:
+    """The single-copy all-gather: every dtype, uneven counts, tensor and list outputs;
+    it learns on its first call that every rank may read every other."""
+    from unison.transport import cma
+    from unison.world import current
+
+    rt = current()
+    rt.overrides = {"all_gather": "cma"}
+    p, r = un.size(), un.rank()
+    cases = 0
+    for name in _DTYPES:
+        for n in (0, 1, p + 1, 3001):
+            ins = [(np.arange(n) * (q + 3) % 251).astype(name) for q in range(p)]
+            g = np.full(n * p, 7, name)
+            un.all_gather_into_tensor(g, ins[r])
+            assert np.array_equal(g, np.concatenate(ins)), f"cma {name} n={n}"
+            outs = [np.zeros(n, name) for _ in range(p)]
+            un.all_gather(outs, ins[r])
+            assert all(np.array_equal(o, i) for o, i in zip(outs, ins, strict=True)), name
+            cases += 2
+    assert rt.fabric.arena is not None and rt.fabric.arena.cma is cma.available()
     return cases
 
 

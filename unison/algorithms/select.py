@@ -19,6 +19,7 @@ from ..errors import UnsupportedError
 from ..link import Link
 from ..log import get_logger
 from . import (
+    all_gather_cma,
     all_gather_ring,
     all_gather_shm,
     all_reduce_hierarchical,
@@ -52,7 +53,7 @@ REGISTRY: dict[str, tuple[ModuleType, ...]] = {
     ),
     "broadcast": (broadcast_binomial, broadcast_shm),
     "reduce": (reduce_binomial,),
-    "all_gather": (all_gather_ring, all_gather_shm),
+    "all_gather": (all_gather_ring, all_gather_shm, all_gather_cma),
     "reduce_scatter": (reduce_scatter_ring, reduce_scatter_shm),
     "all_to_all": (all_to_all_pairwise,),
     "gather": (gather_scatter_linear,),

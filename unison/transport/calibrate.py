@@ -23,6 +23,7 @@ What is measured (about a quarter of a second, once per host):
 * shm β: two local copies per byte (into the ring and out of it), plus one hop and
   the per-message Python work at both ends for every ring-full (a message crosses
   the ring in pieces of :data:`RING_PIECE` bytes);
+* cma: one ``process_vm_readv`` copy per byte (the single-copy algorithms);
 * γ: one reduction per byte (``np.add`` of two float32 arrays into the first, the
   direct algorithms' arithmetic);
 * tcp α and β: a round trip and an 8 MiB stream over a local socket pair;
@@ -79,6 +80,7 @@ _DEADLINE_S = 5.0  # a measurement that takes longer is abandoned (defaults are 
 _LOCK_S = 60.0  # longest wait for another process's measurement
 _STREAM = 8 << 20  # bytes streamed for the tcp bandwidth
 _COPY = 8 << 20  # bytes copied for the local copy bandwidth
+_TRIES = 10  # passes per bandwidth measurement (the estimate is the best one)
 #: bytes a message crosses the shm transport's ring in (the ring's capacity)
 RING_PIECE = 1 << 19
 
@@ -115,6 +117,7 @@ class Calibration:
     call_overhead: float = 0.0  # UNISON_CALL_OVERHEAD (seconds per call), not measured
     gamma: float = 0.0  # seconds per byte reduced (0: not measured)
     copy: float = 0.0  # seconds per byte of one local copy (0: not measured)
+    cma: float = 0.0  # seconds per byte of process_vm_readv (0: not measured / unavailable)
 
     def link(self, transport: str) -> LinkParams:
         return self.tcp if transport == "tcp" else self.shm
@@ -135,6 +138,7 @@ class Calibration:
             source=source,
             gamma=float(data["gamma"]),
             copy=float(data["copy"]),
+            cma=float(data["cma"]),
         )
 
 
@@ -222,12 +226,32 @@ def _spin_until(m: mmap.mmap, off: int, value: int, deadline: float) -> None:
 
 def _copy_beta() -> float:
     src = np.ones(_COPY, np.uint8)
-    dst = np.empty_like(src)
+    dst = np.ones_like(src)  # touched: page faults are not the copy's cost
     best = float("inf")
-    for _ in range(5):
+    for _ in range(_TRIES):
         t = time.perf_counter()
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t)
+    return best / _COPY
+
+
+def _cma_beta() -> float:
+    """Seconds per byte of ``process_vm_readv`` (from this process, which the kernel
+    copies like another's); 0 where it is unavailable."""
+    from . import cma
+
+    if not cma.available():
+        return 0.0
+    src = np.ones(_COPY, np.uint8)
+    dst = np.ones_like(src)  # touched: page faults are not the copy's cost
+    best = float("inf")
+    try:
+        for _ in range(_TRIES):
+            t = time.perf_counter()
+            cma.read_from(os.getpid(), src.ctypes.data, dst)
+            best = min(best, time.perf_counter() - t)
+    except cma.CmaError:
+        return 0.0
     return best / _COPY
 
 
@@ -237,7 +261,7 @@ def _reduce_gamma() -> float:
     a = np.ones(_COPY // 4, np.float32)
     b = np.ones_like(a)
     best = float("inf")
-    for _ in range(5):
+    for _ in range(_TRIES):
         t = time.perf_counter()
         np.add(a, b, out=a)
         best = min(best, time.perf_counter() - t)
@@ -349,6 +373,7 @@ def measure() -> Calibration:
         source=source,
         gamma=gamma,
         copy=copy,
+        cma=_cma_beta(),
     )
 
 
@@ -415,6 +440,7 @@ def _override(cal: Calibration, env: Mapping[str, str]) -> Calibration:
         cfg.call_overhead,
         cal.gamma,
         cal.copy,
+        cal.cma,
     )
 
 
@@ -473,6 +499,10 @@ def main(args: argparse.Namespace | None = None) -> int:
     print(f"  per-message Python work {cal.overhead * 1e6:.2f} us at each end")
     if cal.gamma > 0:
         print(f"  reduction {1 / cal.gamma / 1e9:.2f} GB/s (float32 add, one core)")
+    if cal.copy > 0:
+        print(f"  local copy {1 / cal.copy / 1e9:.2f} GB/s")
+    if cal.cma > 0:
+        print(f"  cross-memory copy {1 / cal.cma / 1e9:.2f} GB/s (process_vm_readv)")
     print(f"cached in {path}" if path is not None else "not cached (UNISON_LINK_CACHE=off)")
     return 0
 
@@ -509,6 +539,7 @@ def install(env: Mapping[str, str] | None = None) -> Calibration | None:
                 beta=p.beta,
                 gamma=cal.gamma or base.gamma,
                 copy=cal.copy if tr == "shm" else 0.0,
+                cma=cal.cma if tr == "shm" else 0.0,
                 overhead=cal.call_overhead or base.overhead,
             ),
         )
