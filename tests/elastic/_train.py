@@ -9,10 +9,14 @@ Trains a linear model on a fixed synthetic regression set with unison.torch's
   discovery file at ``step`` (a host appears).
 - ``ELASTIC_TEST_UNTIL_SIZE=n`` / ``ELASTIC_TEST_UNTIL_ROUND=n``: keep training (up to
   120 s) until the world has n ranks / is round n.
+- ``ELASTIC_TEST_DIE_IN_INIT=worker-id`` (with ``ELASTIC_TEST_DIE_IN_INIT_WAITING=n``):
+  that worker SIGKILLs itself before ``hvd.init()`` once ranks 0..n-1 of the newest
+  world wait for it in the rendezvous.
 - ``ELASTIC_TEST_EPOCHS`` (default 2).
 
 Rank 0 prints ``READY`` at step 3 of the first world; a survivor prints
-``RECOVERED_AT <wall time>`` at its first completed step after a failure. At the end each
+``RECOVERED_AT <wall time> <wall time of the failure> <re-form s> <sync s> <step s>`` at
+its first completed step after a failure. At the end each
 rank prints ``RESULT rank size round checksum steps`` and rank 0 prints
 ``RECOVERY seconds`` for each failure: from the first failure it saw to the first
 completed step after it.
@@ -32,6 +36,16 @@ import unison.torch as hvd
 from unison import elastic
 
 erun = importlib.import_module("unison.torch.elastic.run")  # its last_failure_at
+if os.environ.get("UNISON_ELASTIC_ID", "") in os.environ.get("ELASTIC_TEST_DIE_IN_INIT", "-"):
+    # a new member that dies while the others wait for it in the new world's rendezvous
+    from unison.elastic.rendezvous import epoch_of
+    from unison.store import TCPStore
+
+    host, _, port = os.environ["UNISON_STORE_ADDR"].rpartition(":")
+    st = TCPStore(host, int(port), bytes.fromhex(os.environ["UNISON_SECRET"]), timeout=60)
+    waiting = int(os.environ["ELASTIC_TEST_DIE_IN_INIT_WAITING"])
+    st.wait([f"unison/{epoch_of(elastic.latest_round(st))}/peer/{r}" for r in range(waiting)])
+    os.kill(os.getpid(), signal.SIGKILL)
 hvd.init()
 torch.manual_seed(0)
 N, D = 192, 8
@@ -65,7 +79,12 @@ recoveries: list[float] = []
 start = time.monotonic()
 
 
+reset_at = synced_at = 0.0
+
+
 def on_reset() -> None:
+    global reset_at
+    reset_at = time.monotonic()
     print(f"RESET rank={hvd.rank()} size={hvd.size()} round={elastic.current_round()}", flush=True)
 
 
@@ -78,6 +97,8 @@ def more() -> bool:
 
 @hvd.elastic.run
 def train(state: hvd.elastic.TorchState) -> None:
+    global synced_at
+    synced_at = time.monotonic()  # elastic.run calls this after state.sync()
     while state.epoch < EPOCHS or (more() and time.monotonic() - start < 120):
         idx = list(iter(sampler))
         for b in range(0, len(idx) // BATCH * BATCH, BATCH):
@@ -92,9 +113,16 @@ def train(state: hvd.elastic.TorchState) -> None:
             sampler.record_batch(b // BATCH, BATCH)
             state.step += 1
             if erun.last_failure_at is not None:
-                recoveries.append(time.monotonic() - erun.last_failure_at)
+                now, failed = time.monotonic(), erun.last_failure_at
+                recoveries.append(now - failed)
                 erun.last_failure_at = None
-                print(f"RECOVERED_AT {time.time():.3f}", flush=True)
+                # wall time now, wall time of the failure, then re-form, sync, step seconds
+                wall = time.time()
+                print(
+                    f"RECOVERED_AT {wall:.3f} {wall - (now - failed):.3f} "
+                    f"{reset_at - failed:.3f} {synced_at - reset_at:.3f} {now - synced_at:.3f}",
+                    flush=True,
+                )
             if state.step == 3 and hvd.rank() == 0 and elastic.current_round() == 0:
                 print("READY", flush=True)
             if die_step and state.step == int(die_step) and me in die_ids.split(","):
