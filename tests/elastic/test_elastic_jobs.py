@@ -50,6 +50,13 @@ def _same_model(res: list[list[str]], size: int, rnd: int) -> None:
     assert last < first / 20, f"training did not converge: loss {first} -> {last}"
 
 
+def _epoch0(r: subprocess.CompletedProcess[str]) -> tuple[int, int]:
+    """(samples, distinct samples) of epoch 0 trained on by the job, across resets."""
+    line = next(x for x in r.stdout.splitlines() if "EPOCH0 " in x)
+    n, distinct = line.split("EPOCH0 ", 1)[1].split()
+    return int(n), int(distinct)
+
+
 def _recovery(r: subprocess.CompletedProcess[str]) -> list[float]:
     times = [float(line.split()[-1]) for line in r.stdout.splitlines() if "RECOVERY" in line]
     for t in times:
@@ -75,6 +82,8 @@ def test_host_loss_shrinks_the_world_and_training_finishes(tmp_path: Path) -> No
     assert "world 1: 2 ranks (127.0.0.1:2)" in err and "elastic reset 2" not in err
     # output lines are prefixed with the rank in the newest world (workers 2, 3 -> 0, 1)
     assert "[0] RESULT 0 2 1 " in r.stdout and "[1] RESULT 1 2 1 " in r.stdout, r.stdout
+    # ElasticSampler: epoch 0, cut at step 5 by the loss, neither repeats nor skips a sample
+    assert _epoch0(r) == (192, 192), r.stdout
     assert "collective failed, restoring the last commit" in err
     assert re.search(f"joined round 1 .{lost}", err)  # workers log the reason too
     assert "RESET rank=0 size=2 round=1" in r.stdout and "RESET rank=1 size=2" in r.stdout
@@ -133,21 +142,26 @@ def test_member_lost_during_rendezvous_is_left_behind(tmp_path: Path) -> None:
 
 
 def test_failing_host_is_blacklisted_then_returns_after_cooldown(tmp_path: Path) -> None:
+    # host 127.0.0.1 keeps failing: its first worker dies at step 3, the one started
+    # after the first cool-down dies after 2 steps; the cool-down doubles (1 s, 2 s) and
+    # the third worker there stays: worlds 2, 1, 2, 1, 2 ranks (rounds 0..4)
     r = _unison(
         tmp_path,
         "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1",
-        "--blacklist-cooldown-range", "2", "4", "--reset-limit", "2",
-        "-x", "ELASTIC_TEST_DIE=127.0.0.1[1]@3", "-x", "ELASTIC_TEST_UNTIL_SIZE=2",
-        "-x", "ELASTIC_TEST_EPOCHS=1",
+        "--blacklist-cooldown-range", "1", "4", "--reset-limit", "4",
+        "-x", "ELASTIC_TEST_DIE=127.0.0.1[1]@3", "-x", "ELASTIC_TEST_DIE_AFTER=127.0.0.1[2]@2",
+        "-x", "ELASTIC_TEST_UNTIL_ROUND=4", "-x", "ELASTIC_TEST_EPOCHS=1",
         sys.executable, str(TRAIN),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-4000:]
-    _same_model(_results(r), 2, 2)
+    _same_model(_results(r), 2, 4)
     err = r.stderr
-    assert "blacklisting host 127.0.0.1 for 2 s: rank 1 (worker 127.0.0.1[1])" in err, err
-    assert "world 1: 1 ranks (localhost:1)" in err
+    assert "blacklisting host 127.0.0.1 for 1 s: rank 1 (worker 127.0.0.1[1])" in err, err
+    assert "blacklisting host 127.0.0.1 for 2 s: rank 1 (worker 127.0.0.1[2])" in err, err
+    assert "world 1: 1 ranks (localhost:1)" in err and "world 3: 1 ranks (localhost:1)" in err
     assert "elastic reset 2: new slots from host discovery; world 2: 2 ranks " in err
-    assert "[1] RESULT 1 2 2 " in r.stdout, r.stdout  # worker 127.0.0.1[2], started as rank 1
+    assert "elastic reset 4: new slots from host discovery; world 4: 2 ranks " in err
+    assert "[1] RESULT 1 2 4 " in r.stdout, r.stdout  # worker 127.0.0.1[3], started as rank 1
     _recovery(r)
 
 
