@@ -63,6 +63,17 @@ class Link:
     #: seconds per byte copied out of another process by cross-memory attach
     #: (``process_vm_readv``); 0: not known (the algorithms that use it are not chosen)
     cma: float = 0.0
+    #: operations on more bytes than this use :attr:`cold` (0: one regime)
+    big: int = 0
+    #: the same link with the per-byte rates of data that no longer fits the caches
+    #: (None: one regime; see :meth:`at`)
+    cold: Link | None = None
+
+    def at(self, n: int) -> Link:
+        """The link for an operation on ``n`` bytes: per-byte costs measured in cache
+        for small operations, out of cache (:attr:`cold`) above :attr:`big`."""
+        cold = self.cold
+        return cold if cold is not None and 0 < self.big < n else self
 
 
 @dataclass(frozen=True)
@@ -150,7 +161,7 @@ def shared_link(
     plus the Python work of both ends, i.e. α; ``cores`` is the host's CPU count
     (the same for every rank of the host, whatever its affinity)."""
     b = transport_link("shm") if base is None else base
-    sync = b.alpha if slots else 0.0
+    cold = shared_link(b.cold, half, slots) if b.cold is not None else None
     return SharedLink(
         b.alpha,
         b.beta,
@@ -159,8 +170,10 @@ def shared_link(
         b.hop,
         copy=b.copy or b.beta / 2,
         cma=b.cma,
+        big=b.big if cold is not None else 0,
+        cold=cold,
         half=half,
-        sync=sync,
+        sync=b.alpha if slots else 0.0,
         cores=os.cpu_count() or 0,
     )
 

@@ -160,7 +160,7 @@ class Prediction:
 def predict(algo: str, p: int, n: int, link: Link) -> Prediction:
     if algo not in ALGOS:
         raise InvalidArgumentError(f"--algo {algo!r}: known {', '.join(ALGOS)}")
-    return Prediction(algo, p, n, ALGOS[algo][0](p, n, link))
+    return Prediction(algo, p, n, ALGOS[algo][0](p, n, link.at(n)))
 
 
 def selected(p: int, n: int, link: Link) -> str:

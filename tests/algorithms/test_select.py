@@ -151,3 +151,23 @@ def test_single_copy_all_gather_needs_a_measured_cma_rate() -> None:
         choose("all_gather", 2, 1 << 20, LINK, {"all_gather": "cma"})
     with pytest.raises(UnsupportedError, match=r"all_gather:cma"):
         choose("all_gather", 2, 1 << 20, Topology(fast, shared=False), {"all_gather": "cma"})
+
+
+def test_out_of_cache_rates_apply_above_the_cache() -> None:
+    """A measured link carries in-cache and out-of-cache per-byte rates; the selector
+    and every cost() see the set that fits the operation's size."""
+    from unison.algorithms import all_gather_cma, all_gather_shm
+    from unison.link import SharedLink
+
+    cold = SharedLink(alpha=20e-6, copy=1 / 3e9, cma=1 / 3.5e9, sync=20e-6)
+    hot = SharedLink(alpha=20e-6, copy=1 / 20e9, cma=1 / 8e9, sync=20e-6, big=8 << 20, cold=cold)
+    assert hot.at(8 << 20) is hot and hot.at((8 << 20) + 1) is cold
+    world = Topology(hot, shared=True)
+    # in cache a CMA copy costs more than two memcpys; out of cache, less
+    assert choose("all_gather", 2, 1 << 20, world, {}).name == "shm"
+    assert choose("all_gather", 2, 64 << 20, world, {}).name == "cma"
+    n = 64 << 20
+    assert choose("all_gather", 2, n, world, {}).predicted == pytest.approx(
+        all_gather_cma.cost(2, n, cold)
+    )
+    assert all_gather_shm.cost(2, n, cold) > all_gather_shm.cost(2, n, hot)
