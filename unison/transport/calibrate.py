@@ -83,6 +83,7 @@ _DEADLINE_S = 5.0  # a measurement that takes longer is abandoned (defaults are 
 _LOCK_S = 60.0  # longest wait for another process's measurement
 _STREAM = 8 << 20  # bytes streamed for the tcp bandwidth
 _COPY = 1 << 20  # bytes per array for the in-cache copy, reduction and CMA rates
+_COLD_MAX = 64 << 20  # largest array for the out-of-cache rates
 _PIECE = 4 << 20  # bytes per copy or reduction call (a slot half)
 _TRIES = 10  # passes per bandwidth measurement (the estimate is the best one)
 #: bytes a message crosses the shm transport's ring in (the ring's capacity)
@@ -379,7 +380,9 @@ def measure() -> Calibration:
     """Measure this host now (no cache involved)."""
     overhead = _overhead()
     copy, gamma, cma_ = _rates(_COPY)
-    cache = _cache_bytes()  # arrays this large no longer fit the last-level cache
+    # arrays this large no longer fit the last-level cache (at most 64 MiB each: the
+    # measurement must not cost the rank that runs it more memory than that)
+    cache = min(_cache_bytes(), _COLD_MAX)
     cold = _rates(cache)
     try:
         shm_alpha, tcp_alpha, tcp_beta = _pair()
