@@ -46,6 +46,20 @@ def _body() -> dict[str, Any]:
         a = torch.from_numpy(rng.integers(1, 5, size=(2, 3))).to(dt)
         got = hvd.allreduce(a, name=f"chk.{dt}.{int(op)}", op=op, prescale_factor=1.0)
         checks.append((str(dt), int(op), a.numpy().tolist(), got.numpy().tolist()))
+    # the same values through the inline path (small) and the data collective (tiled past
+    # the inline budget) agree bit for bit: integer scaling truncates, floats keep their type
+    same = []
+    for dt, op, pre, post in [
+        (torch.int32, hvd.Average, 0.5, 1.0),
+        (torch.int8, hvd.Sum, 1.0, 0.5),
+        (torch.float32, hvd.Average, 0.3, 1.7),
+        (torch.float64, hvd.Product, 1.1, 1.0),
+    ]:
+        a = torch.from_numpy(rng.integers(1, 50, size=5)).to(dt)
+        kw = {"op": op, "prescale_factor": pre, "postscale_factor": post}
+        small = hvd.allreduce(a, name=f"same.{dt}.s", **kw)
+        big = hvd.allreduce(a.repeat(200), name=f"same.{dt}.b", **kw)
+        same.append((str(dt), small.tolist(), big[:5].tolist(), small.dtype == dt))
     g = [torch.full((3,), float(r + 1)), torch.full((2, 2), float(2 * r))]
     got_g = hvd.grouped_allreduce(g, name="grp", op=hvd.Sum, prescale_factor=2.0)
     t = torch.full((4,), float(r + 1))
@@ -55,6 +69,7 @@ def _body() -> dict[str, Any]:
     return {
         "steady": steady,
         "checks": checks,
+        "same": same,
         "grouped": [x.tolist() for x in got_g],
         "inplace": t.tolist(),
         "big": (big[0].item(), eng.executor.collectives - x1),
@@ -74,6 +89,8 @@ def test_steady_state_small_allreduce_issues_no_data_collective() -> None:
         assert out["big"] == (float(sum(range(n))), 1)
         assert out["grouped"] == [[2.0 * 3] * 3, [[2.0 * 2] * 2] * 2]
         assert out["inplace"] == [1.5 * 3] * 4
+        for dt, small, big, kept in out["same"]:
+            assert small == big and kept, (dt, small, big)
     per_rank = [out["checks"] for out in res]
     for j, (dt, op, _, _got) in enumerate(per_rank[0]):
         parts = [np.array(p[j][2]) for p in per_rank]
