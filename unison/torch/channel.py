@@ -13,11 +13,14 @@ driving the transport where the transport allows (it blocks on the request until
 the transport's own progress completes it), so it never competes with the cycle
 thread for the processor or the interpreter lock. Whoever sees the receive complete
 first takes the message; it is delivered exactly once, in order per peer, under the
-slot's lock. The watcher waits on the receive only while the engine wants messages at
-once (``need()``: it has work pending, see :meth:`NegotiationChannel.watch`);
-otherwise it looks every ``poll`` seconds, so a rank with nothing to do costs no
-wake-up per message. A peer that fails or goes silent past the deadline is reported
-through ``on_error``.
+slot's lock. An any-source receive outlives a lost peer, so one never-matched
+receive per peer (the *sentinel*) is posted too: the transport fails it when the peer
+is lost, and :meth:`NegotiationChannel.check_peers` (called whenever a wait for
+messages has gone a second without one) reports it. The watcher waits on the
+receive only while the engine wants messages at once (``need()``: it has work
+pending, see :meth:`NegotiationChannel.watch`); otherwise it looks every ``poll``
+seconds, so a rank with nothing to do costs no wake-up per message. A peer that fails
+or goes silent past the deadline is reported through ``on_error``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ __all__ = ["NegotiationChannel"]
 
 HEAD = 1024
 _LEN = struct.Struct("<I")
-_TAG_HEAD, _TAG_TAIL = 1, 2
+_TAG_HEAD, _TAG_TAIL, _TAG_ALIVE = 1, 2, 3
+_CHECK_S = 1.0  # a wait for messages checks the peers' sentinels this often
 _ROOM = HEAD - _LEN.size
 
 
@@ -71,11 +75,15 @@ class NegotiationChannel:
         self._buf = np.empty(HEAD, np.uint8)
         self._work: Work | None = None
         self._open = set(peers)  # peers that have not said goodbye
+        self._alive: dict[int, Work] = {}  # per peer: a receive nothing matches
+        self._alive_buf = np.empty(1, np.uint8)
 
     def start(self) -> None:
         if not self.peers:
             return
         self._work = irecv(self._buf, None, _TAG_HEAD, self.group)
+        for peer in self.peers:
+            self._alive[peer] = irecv(self._alive_buf, peer, _TAG_ALIVE, self.group)
         self._thread = threading.Thread(target=self._watch, name="unison-hvd-listen", daemon=True)
         self._thread.start()
 
@@ -124,6 +132,19 @@ class NegotiationChannel:
         except (UnisonError, OSError, RuntimeError):
             return
 
+    def check_peers(self) -> None:
+        """Report a peer the transport has lost (its sentinel receive failed)."""
+        for peer in sorted(self._open):
+            w = self._alive.get(peer)
+            if w is None or not w.is_completed():
+                continue
+            exc = w.exception()
+            if isinstance(exc, CollectiveTimeoutError) or exc is None:  # its deadline: renew
+                self._alive[peer] = irecv(self._alive_buf, peer, _TAG_ALIVE, self.group)
+                continue
+            if peer in self._open and not self._stop.is_set():
+                self._on_error(peer, exc)
+
     def _take(self, work: Work) -> bool:
         """Parse and deliver the message ``work`` received, unless another thread has;
         then post the next head receive. False: the slot is closed (every peer left)."""
@@ -164,7 +185,9 @@ class NegotiationChannel:
                 return
             try:
                 if self._need():
-                    done = _block(work, self.poll)
+                    done = _block(work, min(self.poll, _CHECK_S))
+                    if not done:
+                        self.check_peers()
                 else:
                     self._nudge.wait(self.poll)
                     self._nudge.clear()

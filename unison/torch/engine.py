@@ -407,6 +407,7 @@ class TorchEngine:
 
     def _gather(self, k: int) -> dict[int, Any]:
         deadline = time.monotonic() + self.settings.timeout
+        quiet = False
         while True:
             with self._cv:
                 got = self._inbox.get(k, {})
@@ -433,7 +434,11 @@ class TorchEngine:
                 # wait on the posted receive in this thread (no hand-off); taken under
                 # the lock: the missing messages have not been delivered, so they land there
                 work = self.channel.posted()
+                if quiet:  # a second without a message: is a peer lost?
+                    self.channel.check_peers()
+            before = len(got)
             self.channel.pull(work, min(left, 1.0))
+            quiet = len(self._inbox.get(k, {})) == before
 
     def _execute(self, responses: list[Response], parts: list[dict[str, bytes]]) -> None:
         now = time.perf_counter()
