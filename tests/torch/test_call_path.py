@@ -24,6 +24,7 @@ def _body() -> dict[str, Any]:
     for _ in range(3):  # the first call is negotiated; later ones hit the response cache
         hvd.allreduce(torch.ones(1), name="small", op=hvd.Sum)
     c0, x0, i0 = eng.counts["cycles"], eng.executor.collectives, eng.counts["inline"]
+    k0, w0 = eng.counts["caller"], eng.channel.watched
     for i in range(N):
         out = hvd.allreduce(torch.tensor([float(r + i)]), name="small", op=hvd.Sum)
         assert out.item() == sum(q + i for q in range(n)), (i, out)
@@ -31,6 +32,8 @@ def _body() -> dict[str, Any]:
         "cycles": eng.counts["cycles"] - c0,
         "collectives": eng.executor.collectives - x0,
         "inline": eng.counts["inline"] - i0,
+        "caller": eng.counts["caller"] - k0,
+        "watched": eng.channel.watched - w0,
     }
     # the inline path gives what the collective gives: every op, prescale, average,
     # grouped, in place; a tensor over the inline budget still takes the data collective
@@ -86,6 +89,9 @@ def test_steady_state_small_allreduce_issues_no_data_collective() -> None:
         assert s["collectives"] == 0, s
         assert s["inline"] == N, s
         assert N <= s["cycles"] <= 2 * N, s
+        # every steady-state cycle runs on the caller's thread, which takes the peers'
+        # messages itself: the watcher thread (and the engine thread) stay asleep
+        assert s["caller"] == s["cycles"] and s["watched"] == 0, s
         assert out["big"] == (float(sum(range(n))), 1)
         assert out["grouped"] == [[2.0 * 3] * 3, [[2.0 * 2] * 2] * 2]
         assert out["inplace"] == [1.5 * 3] * 4

@@ -77,6 +77,8 @@ class NegotiationChannel:
         self._open = set(peers)  # peers that have not said goodbye
         self._alive: dict[int, Work] = {}  # per peer: a receive nothing matches
         self._alive_buf = np.empty(1, np.uint8)
+        #: messages the watcher thread delivered (the rest: the cycle thread itself)
+        self.watched = 0
 
     def start(self) -> None:
         if not self.peers:
@@ -145,7 +147,7 @@ class NegotiationChannel:
             if peer in self._open and not self._stop.is_set():
                 self._on_error(peer, exc)
 
-    def _take(self, work: Work) -> bool:
+    def _take(self, work: Work, watcher: bool = False) -> bool:
         """Parse and deliver the message ``work`` received, unless another thread has;
         then post the next head receive. False: the slot is closed (every peer left)."""
         with self._lock:
@@ -162,6 +164,7 @@ class NegotiationChannel:
                 irecv(tail, peer, _TAG_TAIL, self.group).wait()
                 data += tail.tobytes()
             obj = pickle.loads(data)
+            self.watched += watcher
             if obj == "bye":
                 self._open.discard(peer)
             # deliver before posting the next receive: a thread that found the message
@@ -194,7 +197,7 @@ class NegotiationChannel:
                     if self._stop.is_set():
                         return
                     done = False if self._need() else work.is_completed()
-                if done and not self._take(work):
+                if done and not self._take(work, watcher=True):
                     return
             except (UnisonError, OSError, RuntimeError) as exc:
                 if not self._stop.is_set():
