@@ -92,6 +92,8 @@ class NegotiationChannel:
     # --- sending -----------------------------------------------------------------------
     def send_all(self, obj: Any) -> None:
         """Send ``obj`` to every peer (that has not said goodbye) and wait until it left."""
+        if not self.peers:
+            return
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         n = len(data)
         first = min(n, _ROOM)

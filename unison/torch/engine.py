@@ -356,7 +356,8 @@ class TorchEngine:
         force: dict[str, str] = {}
         if self._lead and self._force:
             force, self._force = self._force, {}
-        mine = ("C", k, ids_to_bits(ids), fresh, force, payload(entries))
+        parts = payload(entries) if self.size > 1 else {}  # a set of one reduces nothing
+        mine = ("C", k, ids_to_bits(ids), fresh, force, parts)
         self.channel.send_all(mine)
         self.counts["cycles"] += 1
         self.counts["control_sent"] += self.size - 1
