@@ -2,20 +2,34 @@
 
     unison run -np 2 python examples/pytorch_synthetic_benchmark.py --mode both
 
-A convolutional model of about 10 M parameters (built inline, no download) is
-trained on random batches. ``--mode unison`` uses ``unison.torch`` (Horovod's
-API), ``--mode ddp`` the same model under ``torch.nn.parallel.DistributedDataParallel``
-over a torch.distributed backend (``--ddp-backend gloo``, ``unison`` -- unison's
-c10d backend, ``import unison.torch.distributed`` -- or ``both``), ``--mode both``
-runs them one after the other in the same job and prints the step-time ratios
-(DDP-unison / DDP-gloo is the one a DDP user sees when changing the backend name).
-``--latency`` adds the per-operation overhead of a 4-byte allreduce through the stacks.
-``--comm-bound`` is the communication-bound configuration (batch 1 per rank: a few
-milliseconds of compute against 37 MB of gradients per step), the one the DDP
-step-time ratio is quoted for:
+A model (built inline, no download) is trained on random batches. ``--mode unison``
+uses ``unison.torch`` (Horovod's API); ``--mode ddp`` the same model under
+``torch.nn.parallel.DistributedDataParallel`` over a torch.distributed backend
+(``--ddp-backend gloo``, ``unison`` -- unison's c10d backend, ``import
+unison.torch.distributed`` -- or ``both``); ``--mode both`` runs the Horovod API,
+then DDP, in the same job.
 
-    for n in 2 4; do unison run -np $n python examples/pytorch_synthetic_benchmark.py \
-        --mode both --ddp-backend both --comm-bound; done
+With ``--ddp-backend both`` the default group is ``"unison"`` (what a DDP user gets
+from ``dist.init_process_group("unison")``) and Gloo runs on a second group of all
+ranks (``new_group(backend="gloo")``, Gloo's full speed: every Gloo group has its
+own connections). The two DDP models train *interleaved*: each iteration times
+``--num-batches-per-iter`` steps of one backend, then of the other, so changing
+load on the machine slows both alike; the ratio is taken from the medians. For
+each backend it also times the same steps under ``no_sync()`` (DDP's computation
+with no communication: forward, backward, optimizer) and an all_reduce of all the
+gradients alone, and prints the communication share of the step,
+``1 - compute / step``.
+
+Models (``--model``): ``conv`` (default: about 9.2 M parameters, two convolutions
+and three fully connected layers, 32x32 images, batch ``--batch-size``) and
+``mlp`` (``--depth`` fully connected layers of ``--width`` units, batch
+``--batch-size``). ``--comm-bound`` is the communication-bound configuration the
+DDP ratio is quoted for: ``--model mlp --width 512 --depth 16 --batch-size 1``
+(4.7 M parameters, 19 MB of gradients, about a millisecond of arithmetic per step,
+so the step is the gradients' all-reduce: the communication share is printed).
+
+    for n in 2 4; do unison run -np $n python examples/pytorch_synthetic_benchmark.py \\
+        --mode ddp --ddp-backend both --comm-bound; done
 
     unison run -np 2 python examples/pytorch_synthetic_benchmark.py --mode ddp --ddp-backend both
 """
@@ -27,6 +41,7 @@ import socket
 import statistics
 import time
 import timeit
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -53,6 +68,21 @@ class Net(nn.Module):
         return self.fc3(F.relu(self.fc2(x)))
 
 
+def make_model(args: argparse.Namespace) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model, one batch of inputs and its targets (the same on every call: seed 0)."""
+    torch.manual_seed(0)
+    model: nn.Module
+    if args.model == "conv":
+        model, data = Net(), torch.randn(args.batch_size, 3, 32, 32)
+    else:
+        layers: list[nn.Module] = []
+        for _ in range(args.depth):
+            layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+        model = nn.Sequential(*layers, nn.Linear(args.width, 1000))
+        data = torch.randn(args.batch_size, args.width)
+    return model, data, torch.randint(0, 1000, (args.batch_size,))
+
+
 def log(text: str) -> None:
     if hvd.rank() == 0:
         print(text, flush=True)
@@ -61,65 +91,126 @@ def log(text: str) -> None:
 GROUPS: dict[str, object] = {}  # torch.distributed backend name -> its process group
 
 
-def run(args: argparse.Namespace, mode: str) -> float:
-    """Mean seconds per step (``--num-batches-per-iter`` batches) for one mode
-    (``unison``, or ``ddp-<backend>``)."""
-    torch.manual_seed(0)
-    model = Net()
-    ddp = mode.startswith("ddp")
-    lr = 0.01 * (1 if ddp else args.batches_per_allreduce)
-    data = torch.randn(args.batch_size, 3, 32, 32)
-    target = torch.randint(0, 1000, (args.batch_size,))
-    if ddp:
-        import torch.distributed as dist
-
-        group = GROUPS[mode.split("-", 1)[1]]
-        model = nn.parallel.DistributedDataParallel(model, process_group=group)
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
-
-        def sync() -> None:
-            dist.barrier(group=group)
-
-    else:
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
-        opt = hvd.DistributedOptimizer(
-            opt,
-            named_parameters=model.named_parameters(),
-            compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
-            backward_passes_per_step=args.batches_per_allreduce,
-        )
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(opt, root_rank=0)
-        sync = hvd.barrier
+def run_unison(args: argparse.Namespace) -> float:
+    """Mean seconds per step of the Horovod API (``unison.torch``)."""
+    model, data, target = make_model(args)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01 * args.batches_per_allreduce)
+    opt = hvd.DistributedOptimizer(
+        opt,
+        named_parameters=model.named_parameters(),
+        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
+        backward_passes_per_step=args.batches_per_allreduce,
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
 
     def step() -> None:
         for _ in range(args.num_batches_per_iter):
             opt.zero_grad()
-            for _ in range(1 if ddp else args.batches_per_allreduce):
+            for _ in range(args.batches_per_allreduce):
                 F.cross_entropy(model(data), target).backward()
             opt.step()
 
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"[{mode}] model: {n_params / 1e6:.1f} M parameters, batch {args.batch_size} per rank")
+    log(f"[unison] model: {n_params / 1e6:.1f} M parameters, batch {args.batch_size} per rank")
     timeit.timeit(step, number=args.num_warmup_batches)
-    sync()
+    hvd.barrier()
     times = []
+    imgs = args.batch_size * args.num_batches_per_iter * args.batches_per_allreduce
     for i in range(args.num_iters):
         t = timeit.timeit(step, number=1)
         times.append(t)
-        imgs = (
-            args.batch_size * args.num_batches_per_iter * (1 if ddp else args.batches_per_allreduce)
-        )
-        log(f"[{mode}] iter #{i}: {imgs / t:.1f} img/sec per rank")
-    sync()
+        log(f"[unison] iter #{i}: {imgs / t:.1f} img/sec per rank")
+    hvd.barrier()
     per_step = statistics.mean(times) / args.num_batches_per_iter
-    imgs = args.batch_size * (1 if ddp else args.batches_per_allreduce)
-    rate = imgs / per_step
+    rate = args.batch_size * args.batches_per_allreduce / per_step
     log(
-        f"[{mode}] img/sec per rank: {rate:.1f}; total on {hvd.size()} ranks: "
+        f"[unison] img/sec per rank: {rate:.1f}; total on {hvd.size()} ranks: "
         f"{rate * hvd.size():.1f}; step time {per_step * 1e3:.1f} ms"
     )
     return per_step
+
+
+def run_ddp(args: argparse.Namespace, backends: list[str]) -> dict[str, list[float]]:
+    """Seconds per step, one sample per iteration, of each timed function, interleaved:
+    ``ddp-<b>`` (a DDP step), ``compute-<b>`` (the same step under ``no_sync()``) and
+    ``comm-<b>`` (an all_reduce of all the gradients alone) for each backend ``b``."""
+    import torch.distributed as dist
+
+    fns: dict[str, Callable[[], None]] = {}
+    n_params = 0
+    for b in backends:
+        group = GROUPS[b]
+        net, data, target = make_model(args)
+        model = nn.parallel.DistributedDataParallel(
+            net,
+            process_group=group,
+            bucket_cap_mb=args.bucket_cap_mb,
+            gradient_as_bucket_view=args.gradient_as_bucket_view,
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        n_params = sum(p.numel() for p in model.parameters())
+        flat = torch.zeros(n_params)
+
+        def step(m: nn.Module = model, o: torch.optim.Optimizer = opt, x=data, y=target) -> None:
+            o.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+
+        def compute(m=model, o: torch.optim.Optimizer = opt, x=data, y=target) -> None:
+            o.zero_grad()
+            with m.no_sync():
+                F.cross_entropy(m(x), y).backward()
+            o.step()
+
+        def comm(t: torch.Tensor = flat, g: object = group) -> None:
+            dist.all_reduce(t, group=g)
+
+        fns[f"ddp-{b}"], fns[f"compute-{b}"], fns[f"comm-{b}"] = step, compute, comm
+    log(
+        f"[ddp] model {args.model}: {n_params / 1e6:.1f} M parameters "
+        f"({n_params * 4 / 1e6:.0f} MB of float32 gradients), batch {args.batch_size} per rank, "
+        f"bucket_cap_mb={args.bucket_cap_mb}, "
+        f"gradient_as_bucket_view={args.gradient_as_bucket_view}"
+    )
+    barrier = GROUPS[backends[0]]
+    for fn in fns.values():
+        for _ in range(args.num_warmup_batches):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for i in range(args.num_iters):
+        for name, fn in fns.items():
+            dist.barrier(group=barrier)
+            t = time.perf_counter()
+            for _ in range(args.num_batches_per_iter):
+                fn()
+            samples[name].append((time.perf_counter() - t) / args.num_batches_per_iter)
+        log(
+            f"[ddp] iter #{i}: "
+            + ", ".join(f"{k} {v[-1] * 1e3:.1f} ms" for k, v in samples.items() if "ddp" in k)
+        )
+    return samples
+
+
+def report_ddp(args: argparse.Namespace, samples: dict[str, list[float]]) -> None:
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    config = "communication-bound config, " if args.comm_bound else ""
+    where = f"np={hvd.size()}, {config}model {args.model}, batch {args.batch_size} per rank"
+    for b in [k[4:] for k in med if k.startswith("ddp-")]:
+        step, compute, comm = med[f"ddp-{b}"], med[f"compute-{b}"], med[f"comm-{b}"]
+        log(
+            f"[ddp-{b}] step {step * 1e3:.1f} ms (min {min(samples[f'ddp-{b}']) * 1e3:.1f}), "
+            f"compute alone (no_sync) {compute * 1e3:.1f} ms, all_reduce of all gradients "
+            f"alone {comm * 1e3:.1f} ms; communication share of the step "
+            f"{max(0.0, 1 - compute / step) * 100:.0f}%; "
+            f"img/sec per rank {args.batch_size / step:.1f}"
+        )
+    if "ddp-gloo" in med and "ddp-unison" in med:
+        log(
+            f"step time ddp-unison / ddp-gloo: {med['ddp-unison'] / med['ddp-gloo']:.2f}x "
+            f"(median of interleaved iterations; {where}); all_reduce alone: "
+            f"{med['comm-unison'] / med['comm-gloo']:.2f}x"
+        )
 
 
 def latency(n: int) -> dict[str, float]:
@@ -135,18 +226,20 @@ def latency(n: int) -> dict[str, float]:
         hvd.allreduce(x, name="lat")
     out["unison.torch"] = (time.perf_counter() - t) / n * 1e6
     if dist.is_initialized():
-        for _ in range(50):
-            dist.all_reduce(x)
-        dist.barrier()
-        t = time.perf_counter()
-        for _ in range(n):
-            dist.all_reduce(x)
-        out["torch.distributed gloo"] = (time.perf_counter() - t) / n * 1e6
+        for name, group in GROUPS.items():
+            for _ in range(50):
+                dist.all_reduce(x, group=group)
+            dist.barrier(group=group)
+            t = time.perf_counter()
+            for _ in range(n):
+                dist.all_reduce(x, group=group)
+            out[f"torch.distributed {name}"] = (time.perf_counter() - t) / n * 1e6
     return out
 
 
-def init_gloo(backends: list[str]) -> None:
-    """The default group on Gloo (as before), plus a group per other ``backends``."""
+def init_dist(backends: list[str]) -> None:
+    """The default group on unison when it is measured (what a DDP user's one-line change
+    gives), else on Gloo; Gloo on a group of all ranks of its own next to it."""
     import torch.distributed as dist
 
     port = 0
@@ -154,15 +247,16 @@ def init_gloo(backends: list[str]) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    port = hvd.broadcast_object(port, 0, name="gloo.port")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size()
-    )
-    GROUPS["gloo"] = dist.group.WORLD
-    if "unison" in backends:
+    port = hvd.broadcast_object(port, 0, name="dist.port")
+    default = "unison" if "unison" in backends else "gloo"
+    if default == "unison":
         import unison.torch.distributed  # noqa: F401  registers the c10d backend "unison"
-
-        GROUPS["unison"] = dist.new_group(backend="unison")
+    dist.init_process_group(
+        default, init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size()
+    )
+    GROUPS[default] = dist.group.WORLD
+    if default == "unison" and "gloo" in backends:
+        GROUPS["gloo"] = dist.new_group(backend="gloo")
 
 
 def main() -> None:
@@ -174,16 +268,22 @@ def main() -> None:
         default="gloo",
         help="torch.distributed backend(s) under DDP",
     )
+    ap.add_argument("--model", choices=["conv", "mlp"], default="conv")
+    ap.add_argument("--width", type=int, default=512, help="mlp: units per layer")
+    ap.add_argument("--depth", type=int, default=16, help="mlp: hidden layers")
     ap.add_argument("--fp16-allreduce", action="store_true")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    ap.add_argument("--gradient-as-bucket-view", action="store_true")
     ap.add_argument(
         "--comm-bound",
         action="store_true",
-        help="communication-bound configuration: batch 1 per rank (overrides --batch-size)",
+        help="the communication-bound configuration: --model mlp --width 512 --depth 16 "
+        "--batch-size 1",
     )
     ap.add_argument("--num-warmup-batches", type=int, default=2)
     ap.add_argument("--num-batches-per-iter", type=int, default=5)
-    ap.add_argument("--num-iters", type=int, default=5)
+    ap.add_argument("--num-iters", type=int, default=10)
     ap.add_argument("--batches-per-allreduce", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     ap.add_argument(
@@ -191,25 +291,17 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.comm_bound:
-        args.batch_size = 1
+        args.model, args.width, args.depth, args.batch_size = "mlp", 512, 16, 1
 
     hvd.init()
     torch.set_num_threads(args.threads)
     backends = ["gloo", "unison"] if args.ddp_backend == "both" else [args.ddp_backend]
     if args.mode in ("ddp", "both") or args.latency:
-        init_gloo(backends)
-    modes = [f"ddp-{b}" for b in backends]
+        init_dist(backends)
     if args.mode != "ddp":
-        modes = ["unison", *modes] if args.mode == "both" else ["unison"]
-    results = {mode: run(args, mode) for mode in modes}
-    config = "communication-bound, " if args.comm_bound else ""
-    for mode in results:
-        if mode != "ddp-gloo" and "ddp-gloo" in results:
-            ratio = results[mode] / results["ddp-gloo"]
-            log(
-                f"step time {mode} / ddp-gloo: {ratio:.2f}x "
-                f"(np={hvd.size()}, {config}batch {args.batch_size} per rank)"
-            )
+        run_unison(args)
+    if args.mode != "unison":
+        report_ddp(args, run_ddp(args, backends))
     if args.latency:
         for name, us in latency(args.latency).items():
             log(f"4-byte allreduce, {name}: {us:.0f} us per operation")

@@ -18,17 +18,29 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from .errors import AuthenticationError, CollectiveTimeoutError, InvalidArgumentError
+from .errors import (
+    AbortedError,
+    AuthenticationError,
+    CollectiveTimeoutError,
+    InvalidArgumentError,
+    StoreTimeoutError,
+)
 from .log import get_logger
 from .store import Store
 from .transport.base import PeerInfo
 from .transport.handshake import accept_handshake, connect_handshake, job_digest
 
-__all__ = ["advertise_address", "connect_mesh", "host_identity"]
+__all__ = ["CANCEL_KEY", "advertise_address", "connect_mesh", "host_identity"]
 
 log = get_logger("bootstrap")
 #: unfinished handshakes on the peer port at once; further connections are closed
 MAX_PENDING_HANDSHAKES = 32
+#: whoever runs the job (an elastic driver) sets this key to cancel a rendezvous that
+#: cannot complete (a member died before it joined); waiting ranks then fail at once
+#: with :class:`~unison.errors.AbortedError` carrying the key's text, not at the deadline
+CANCEL_KEY = "unison/{epoch}/cancel"
+#: seconds between looks at the cancel key while a rendezvous waits for a peer
+CANCEL_POLL = 0.25
 
 
 def host_identity() -> str:
@@ -71,7 +83,12 @@ def advertise_address(store_host: str | None, interface: str = "") -> str:
 
 
 def _connect(
-    info: PeerInfo, secret: bytes, job: bytes, rank: int, deadline: float
+    info: PeerInfo,
+    secret: bytes,
+    job: bytes,
+    rank: int,
+    deadline: float,
+    cancelled: Callable[[], None],
 ) -> socket.socket:
     """Connect and authenticate to ``info``'s listener, retrying while it is busy (e.g.
     strangers hold its handshake slots) until the deadline."""
@@ -98,6 +115,7 @@ def _connect(
                     op="init",
                     ranks=[info.rank],
                 ) from None
+            cancelled()
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 
@@ -126,6 +144,12 @@ def connect_mesh(
     me = PeerInfo(rank, host_identity(), advertise, listener.getsockname()[1], os.getpid())
     prefix = f"unison/{epoch}/peer/"
     store.set(f"{prefix}{rank}", json.dumps(asdict(me)).encode())
+    cancel = CANCEL_KEY.format(epoch=epoch)
+
+    def cancelled() -> None:
+        if store.check([cancel]):
+            why = store.get(cancel, timeout=5.0).decode(errors="replace")
+            raise AbortedError(f"init: rank {rank}: the rendezvous was cancelled: {why}", op="init")
 
     expected = set(range(rank + 1, size))
     accepted: dict[int, socket.socket] = {}
@@ -182,20 +206,27 @@ def connect_mesh(
         for peer in range(size):
             if peer == rank:
                 continue
-            left = deadline - time.monotonic()
-            try:
-                raw = store.get(f"{prefix}{peer}", timeout=max(left, 0.001))
-            except TimeoutError:
-                raise CollectiveTimeoutError(
-                    f"init: rank {peer} did not join within {timeout:.0f}s",
-                    op="init",
-                    ranks=[peer],
-                ) from None
-            infos[peer] = PeerInfo(**json.loads(raw))
+            key = f"{prefix}{peer}"
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    store.wait([key], timeout=max(min(left, CANCEL_POLL), 0.001))
+                    break
+                except StoreTimeoutError:
+                    cancelled()
+                    if left <= CANCEL_POLL:
+                        raise CollectiveTimeoutError(
+                            f"init: rank {peer} did not join within {timeout:.0f}s",
+                            op="init",
+                            ranks=[peer],
+                        ) from None
+            infos[peer] = PeerInfo(**json.loads(store.get(key, timeout=5.0)))
         for peer in range(rank):
-            adopt(peer, _connect(infos[peer], secret, job, rank, deadline))
-        with cond:
-            while len(accepted) < len(expected):
+            adopt(peer, _connect(infos[peer], secret, job, rank, deadline, cancelled))
+        while True:
+            with cond:
+                if len(accepted) == len(expected):
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sorted(expected - set(accepted))
@@ -205,7 +236,10 @@ def connect_mesh(
                         op="init",
                         ranks=missing,
                     )
-                cond.wait(min(left, 0.5))
+                cond.wait(min(left, CANCEL_POLL))
+                if len(accepted) == len(expected):
+                    break
+            cancelled()
         for peer, sock in sorted(accepted.items()):
             adopt(peer, sock)
         return infos

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import elastic
 from .config import Config, load_config
-from .errors import InvalidArgumentError, NotInitializedError
+from .errors import AbortedError, InvalidArgumentError, NotInitializedError
 from .jobdir import release_all
-from .log import configure, set_rank
+from .log import configure, get_logger, set_rank
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from .comm.group import Group
 
 __all__ = ["BACKENDS", "World", "current", "init", "is_initialized", "shutdown"]
+
+log = get_logger("elastic")
 
 
 class World(Protocol):
@@ -163,11 +165,30 @@ def init(
         cfg = cfg.replace(backend=name)
         configure(cfg.log_level)
         if rank is None and size is None and elastic.enabled():
-            cfg = elastic.join(cfg)  # this worker's next world (rank, size, round)
-        rt = opener(cfg, rank=rank, size=size, store_addr=store_addr, secret=secret)
+            rt = _open_elastic(opener, cfg, store_addr, secret)
+        else:
+            rt = opener(cfg, rank=rank, size=size, store_addr=store_addr, secret=secret)
         set_rank(rt.rank)
         _RT = rt
         sys.excepthook = _excepthook
+
+
+def _open_elastic(
+    opener: Callable[..., World],
+    cfg: Config,
+    store_addr: str | tuple[str, int] | None,
+    secret: bytes | str | None,
+) -> World:
+    """Join this worker's next world; a world whose rendezvous the driver cancelled (a
+    member died before it joined) is left for the one that replaced it."""
+    while True:
+        ecfg = elastic.join(cfg)  # this worker's next world (rank, size, round)
+        try:
+            return opener(ecfg, store_addr=store_addr, secret=secret)
+        except AbortedError as exc:
+            if exc.op != "init":
+                raise
+            log.warning("elastic: world %d did not form (%s)", ecfg.elastic_round, exc)
 
 
 def shutdown() -> None:

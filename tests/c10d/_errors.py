@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import unison
-import unison.torch.distributed
+import unison.torch.distributed as udist
 
 from ._jobs import init
 
@@ -29,7 +29,9 @@ def mismatch_and_timeout() -> dict[str, Any]:
     store = dist.distributed_c10d._get_default_store()
     out: dict[str, Any] = {}
     pair = dist.new_group([0, 1])
-    if rank in (0, 1):
+    if rank in (0, 1):  # rank 2 never reaches the monitored barrier: rank 0 names it
+        exc = _catch(lambda: udist.monitored_barrier(timeout=timedelta(seconds=1)))
+        out["monitored"] = (type(exc).__name__, str(exc))
         exc = _catch(lambda: dist.all_reduce(torch.ones(4 + rank), group=pair))
         out["mismatch"] = (type(exc).__name__, str(exc))
         out["mismatch_types"] = (

@@ -143,7 +143,46 @@ def collectives() -> dict[str, int]:
     dist.scatter(out, scatter_list=slist, src=0)
     close(out, data(100 + rank, n, torch.int64).numpy(), "scatter")
     checks += 4
-    # all_gather_coalesced / into_tensor coalesced via the coalescing manager
+    # all_gather_coalesced (deprecated in 2.13, still there); torch's coalescing manager,
+    # which hands the group all_reduce_coalesced, all_gather_single_coalesced and
+    # reduce_scatter_single_coalesced
+    if hasattr(dist, "all_gather_coalesced"):
+        import warnings
+
+        ins_c = [data(rank, 3, torch.float64, 5), data(rank, 2, torch.float64, 6)]
+        outs_c = [
+            [torch.empty(3, dtype=torch.float64), torch.empty(2, dtype=torch.float64)]
+            for _ in range(size)
+        ]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dist.all_gather_coalesced(outs_c, ins_c)
+        for r in range(size):
+            close(outs_c[r][0], data(r, 3, torch.float64, 5).numpy(), "all_gather_coalesced")
+            close(outs_c[r][1], data(r, 2, torch.float64, 6).numpy(), "all_gather_coalesced")
+        checks += 1
+    a, b = data(rank, 4, torch.float32, 7), data(rank, 6, torch.float32, 8)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    close(a, sum(data(r, 4, torch.float32, 7).numpy() for r in range(size)), "coalesced ar")
+    close(b, sum(data(r, 6, torch.float32, 8).numpy() for r in range(size)), "coalesced ar")
+    bigs = [torch.empty(size * 2), torch.empty(size * 3)]
+    with dist._coalescing_manager():
+        dist.all_gather_into_tensor(bigs[0], data(rank, 2, torch.float32, 9))
+        dist.all_gather_into_tensor(bigs[1], data(rank, 3, torch.float32, 10))
+    for k, (m, salt) in enumerate(((2, 9), (3, 10))):
+        want_g = np.concatenate([data(r, m, torch.float32, salt).numpy() for r in range(size)])
+        close(bigs[k], want_g, "coalesced all_gather_into_tensor")
+    rs = [torch.empty(2), torch.empty(3)]
+    with dist._coalescing_manager():
+        dist.reduce_scatter_tensor(rs[0], data(rank, 2 * size, torch.float32, 11))
+        dist.reduce_scatter_tensor(rs[1], data(rank, 3 * size, torch.float32, 12))
+    for k, (m, salt) in enumerate(((2, 11), (3, 12))):
+        tot = sum(data(r, m * size, torch.float32, salt).numpy() for r in range(size))
+        close(rs[k], tot[rank * m : (rank + 1) * m], "coalesced reduce_scatter_tensor")
+    checks += 3
     # reduce_scatter, reduce_scatter_tensor
     ins = [data(rank, n, torch.float32, j) for j in range(size)]
     out = torch.empty(n)

@@ -8,6 +8,11 @@ from ._util import run, values
 
 def test_mismatch_and_timeout_are_torch_errors_naming_ranks() -> None:
     outs = values(run(_errors.mismatch_and_timeout, 3, timeout=100))
+    name, text = outs[0]["monitored"]  # Gloo's message: rank 0 names the missing rank
+    assert name == "DistBackendError", outs[0]["monitored"]
+    assert text.startswith("[Rank 0]: Rank 2 failed to pass monitoredBarrier in 1000 ms"), text
+    name, text = outs[1]["monitored"]  # the others learn that rank 0 did not release them
+    assert name == "DistBackendError" and "Rank 1 successfully reached monitoredBarrier" in text
     for r in (0, 1):
         name, text = outs[r]["mismatch"]
         assert outs[r]["mismatch_types"] == (True, True, True), outs[r]

@@ -50,6 +50,13 @@ def _same_model(res: list[list[str]], size: int, rnd: int) -> None:
     assert last < first / 20, f"training did not converge: loss {first} -> {last}"
 
 
+def _epoch0(r: subprocess.CompletedProcess[str]) -> tuple[int, int]:
+    """(samples, distinct samples) of epoch 0 trained on by the job, across resets."""
+    line = next(x for x in r.stdout.splitlines() if "EPOCH0 " in x)
+    n, distinct = line.split("EPOCH0 ", 1)[1].split()
+    return int(n), int(distinct)
+
+
 def _recovery(r: subprocess.CompletedProcess[str]) -> list[float]:
     times = [float(line.split()[-1]) for line in r.stdout.splitlines() if "RECOVERY" in line]
     for t in times:
@@ -58,20 +65,25 @@ def _recovery(r: subprocess.CompletedProcess[str]) -> list[float]:
 
 
 def test_host_loss_shrinks_the_world_and_training_finishes(tmp_path: Path) -> None:
+    # the first host (ranks 0 and 1) is lost: the other host's workers become ranks 0, 1
     r = _unison(
         tmp_path,
         "-np", "4", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2",
-        "-x", "ELASTIC_TEST_DIE=127.0.0.1[2],127.0.0.1[3]@5",
+        "-x", "ELASTIC_TEST_DIE=localhost[0],localhost[1]@5",
         sys.executable, str(TRAIN),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-4000:]
     _same_model(_results(r), 2, 1)
     err = r.stderr
     assert "elastic job: initial world; world 0: 4 ranks (localhost:2, 127.0.0.1:2)" in err
-    lost = r"rank ([23]) \(worker 127\.0\.0\.1\[\1\]\) on host 127\.0\.0\.1 failed"
-    assert re.search(f"blacklisting host 127.0.0.1 for good: {lost}", err), err
+    lost = r"rank ([01]) \(worker localhost\[\1\]\) on host localhost failed"
+    assert re.search(f"blacklisting host localhost for good: {lost}", err), err
     assert re.search(f"elastic reset 1: {lost} .killed by SIGKILL.; world 1: 2 ranks", err)
-    assert "world 1: 2 ranks (localhost:2)" in err and "elastic reset 2" not in err
+    assert "world 1: 2 ranks (127.0.0.1:2)" in err and "elastic reset 2" not in err
+    # output lines are prefixed with the rank in the newest world (workers 2, 3 -> 0, 1)
+    assert "[0] RESULT 0 2 1 " in r.stdout and "[1] RESULT 1 2 1 " in r.stdout, r.stdout
+    # ElasticSampler: epoch 0, cut at step 5 by the loss, neither repeats nor skips a sample
+    assert _epoch0(r) == (192, 192), r.stdout
     assert "collective failed, restoring the last commit" in err
     assert re.search(f"joined round 1 .{lost}", err)  # workers log the reason too
     assert "RESET rank=0 size=2 round=1" in r.stdout and "RESET rank=1 size=2" in r.stdout
@@ -103,21 +115,53 @@ def test_discovery_script_grows_the_world(tmp_path: Path) -> None:
     assert "RESET rank=0 size=3 round=1" in r.stdout
 
 
-def test_failing_host_is_blacklisted_then_returns_after_cooldown(tmp_path: Path) -> None:
+def test_member_lost_during_rendezvous_is_left_behind(tmp_path: Path) -> None:
+    # the world grows by a worker that dies while the others wait for it in the new
+    # world's rendezvous: the driver cancels that rendezvous and re-forms without it
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n")
     r = _unison(
         tmp_path,
-        "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1",
-        "--blacklist-cooldown-range", "2", "4", "--reset-limit", "2",
-        "-x", "ELASTIC_TEST_DIE=127.0.0.1[1]@3", "-x", "ELASTIC_TEST_UNTIL_SIZE=2",
-        "-x", "ELASTIC_TEST_EPOCHS=1",
+        "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", f"cat {hosts}",
+        "-x", f"ELASTIC_TEST_GROW={hosts}@3", "-x", "ELASTIC_TEST_GROW_LINE=127.0.0.1:1",
+        "-x", "ELASTIC_TEST_DIE_IN_INIT=127.0.0.1[2]", "-x", "ELASTIC_TEST_DIE_IN_INIT_WAITING=2",
+        "-x", "ELASTIC_TEST_UNTIL_ROUND=2", "-x", "ELASTIC_TEST_EPOCHS=1",
         sys.executable, str(TRAIN),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-4000:]
     _same_model(_results(r), 2, 2)
     err = r.stderr
-    assert "blacklisting host 127.0.0.1 for 2 s: rank 1 (worker 127.0.0.1[1])" in err, err
-    assert "world 1: 1 ranks (localhost:1)" in err
+    assert "elastic reset 1: new slots from host discovery; world 1: 3 ranks" in err, err
+    lost = "rank 2 (worker 127.0.0.1[2]) on host 127.0.0.1 failed (killed by SIGKILL)"
+    assert f"blacklisting host 127.0.0.1 for good: {lost}" in err
+    assert f"elastic reset 2: {lost}; world 2: 2 ranks (localhost:2)" in err
+    # both survivors stopped waiting because the rendezvous was cancelled, not timed out
+    cancelled = "world 1 did not form (init: rank {}: the rendezvous was cancelled: "
+    cancelled += f"superseded by world 2: {lost})"
+    assert cancelled.format(0) in err and cancelled.format(1) in err, err
+
+
+def test_failing_host_is_blacklisted_then_returns_after_cooldown(tmp_path: Path) -> None:
+    # host 127.0.0.1 keeps failing: its first worker dies at step 3, the one started
+    # after the first cool-down dies after 2 steps; the cool-down doubles (1 s, 2 s) and
+    # the third worker there stays: worlds 2, 1, 2, 1, 2 ranks (rounds 0..4)
+    r = _unison(
+        tmp_path,
+        "-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1",
+        "--blacklist-cooldown-range", "1", "4", "--reset-limit", "4",
+        "-x", "ELASTIC_TEST_DIE=127.0.0.1[1]@3", "-x", "ELASTIC_TEST_DIE_AFTER=127.0.0.1[2]@2",
+        "-x", "ELASTIC_TEST_UNTIL_ROUND=4", "-x", "ELASTIC_TEST_EPOCHS=1",
+        sys.executable, str(TRAIN),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    _same_model(_results(r), 2, 4)
+    err = r.stderr
+    assert "blacklisting host 127.0.0.1 for 1 s: rank 1 (worker 127.0.0.1[1])" in err, err
+    assert "blacklisting host 127.0.0.1 for 2 s: rank 1 (worker 127.0.0.1[2])" in err, err
+    assert "world 1: 1 ranks (localhost:1)" in err and "world 3: 1 ranks (localhost:1)" in err
     assert "elastic reset 2: new slots from host discovery; world 2: 2 ranks " in err
+    assert "elastic reset 4: new slots from host discovery; world 4: 2 ranks " in err
+    assert "[1] RESULT 1 2 4 " in r.stdout, r.stdout  # worker 127.0.0.1[3], started as rank 1
     _recovery(r)
 
 

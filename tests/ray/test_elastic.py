@@ -1,7 +1,11 @@
 """The elastic form on the two-node test cluster: a worker's actor is killed mid-training,
 its node is blacklisted for a 1 s cool-down, the survivors roll back and go on as a world
 of 2, then the node's slot comes back and the world grows to 3 again; every rank of the
-last world ends with the same parameters and the full number of steps."""
+last world ends with the same parameters and the full number of steps. The job runs
+through ``execute`` with an ``executable_cls`` (created in every actor, the new one
+too) and a callback that receives what rank 0 logs. Horovod's v1 form
+(``ElasticRayExecutor(create_settings(...), cpus_per_slot=...)``, ``run(fn, callbacks)``)
+is checked on a small job."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison[ray
 pytest.importorskip("torch", reason="the elastic job uses unison.torch")
 
 from unison.errors import UnsupportedError
-from unison.ray import RayExecutor
+from unison.ray import ElasticRayExecutor, RayExecutor
 
 
 def elastic_train(steps: int, grow_back_to: int) -> dict[str, Any]:
@@ -24,6 +28,7 @@ def elastic_train(steps: int, grow_back_to: int) -> dict[str, Any]:
 
     import unison.torch as hvd
     from unison import elastic
+    from unison.ray import ray_logger
 
     hvd.init()
     torch.manual_seed(0)
@@ -49,6 +54,7 @@ def elastic_train(steps: int, grow_back_to: int) -> dict[str, Any]:
                 p.grad.copy_(hvd.allreduce(p.grad, name=f"grad{i}"))
             opt.step()
             state.step += 1
+            ray_logger.log({"step": state.step, "size": hvd.size()})  # rank 0's only
             state.commit()
 
     train(state)
@@ -59,13 +65,23 @@ def elastic_train(steps: int, grow_back_to: int) -> dict[str, Any]:
     return out
 
 
+class Trainer:
+    """The executable_cls: every actor makes one, new actors of later worlds too."""
+
+    def __init__(self, steps: int, grow_back_to: int = 3) -> None:
+        self.steps, self.grow_back_to = steps, grow_back_to
+
+
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.timeout(240)
 def test_lost_worker_then_world_grows_back() -> None:
     ex = RayExecutor(None, min_workers=2, max_workers=3, cooldown_range=[1, 1], elastic_timeout=60)
-    ex.start()
+    ex.start(executable_cls=Trainer, executable_args=[20])
+    logged: list[dict[str, int]] = []
     try:
-        results = ex.run(elastic_train, args=[20, 3])
+        results = ex.execute(
+            lambda exe: elastic_train(exe.steps, exe.grow_back_to), callbacks=[logged.append]
+        )
         log = list(ex._elastic.log) if ex._elastic else []
     finally:
         ex.shutdown()
@@ -78,5 +94,46 @@ def test_lost_worker_then_world_grows_back() -> None:
     assert len({r["round"] for r in results}) == 1 and results[0]["round"] >= 2
     assert all(r["step"] >= 20 for r in results)
     assert all(r["params"] == results[0]["params"] for r in results)
-    with pytest.raises(UnsupportedError, match="only run"):
-        ex.execute(lambda _: 0)
+    # the callback saw rank 0's values from every world size, one per step of rank 0
+    assert {d["size"] for d in logged} == {2, 3}, logged
+    assert logged[-1]["step"] == results[0]["step"]
+    with pytest.raises(NotImplementedError, match="ObjectRefs cannot be returned"):
+        ex.run_remote(lambda: 0)
+    with pytest.raises(UnsupportedError, match="does not support execute_single"):
+        ex.execute_single(lambda _: 0)
+
+
+def _v1_job() -> tuple[int, int, str, list[float]]:
+    import numpy as np
+
+    import unison
+    from unison.ray import ray_logger
+
+    unison.init()
+    ray_logger.log({"chief": unison.rank()})
+    ray_logger.log({"anyone": unison.rank()}, chief_only=False)
+    out = np.full(3, float(unison.rank() + 1))
+    unison.all_reduce(out)
+    rank, size = unison.rank(), unison.size()
+    unison.shutdown()
+    return rank, size, os.environ.get("V1_TEST", ""), out.tolist()
+
+
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.timeout(120)
+def test_horovod_v1_elastic_form_with_callbacks() -> None:
+    with pytest.warns(DeprecationWarning, match="min_np is deprecated"):
+        assert ElasticRayExecutor.create_settings(min_np=3).min_num_proc == 3
+    with pytest.raises(ValueError, match="gpus_per_slot is set, but use_gpu is False"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(), gpus_per_slot=1)
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2, timeout_s=30)
+    ex = ElasticRayExecutor(settings, cpus_per_slot=1, env_vars={"V1_TEST": "yes"})
+    ex.start()
+    seen: list[dict[str, int]] = []
+    try:
+        results = ex.run(_v1_job, callbacks=[seen.append])
+    finally:
+        ex.shutdown()
+    assert results == [(0, 2, "yes", [3.0] * 3), (1, 2, "yes", [3.0] * 3)], results
+    assert {"chief": 0} in seen and {"chief": 1} not in seen, seen
+    assert {"anyone": 0} in seen and {"anyone": 1} in seen and len(seen) == 3, seen

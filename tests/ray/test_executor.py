@@ -109,6 +109,16 @@ def killed_mid_job() -> None:
         unison.all_reduce(x)
 
 
+def log_values(scale: int) -> int:
+    from unison.ray import ray_logger
+
+    rank = int(os.environ["UNISON_RANK"])
+    for step in range(3):
+        ray_logger.log({"step": step * scale})  # rank 0's only
+    ray_logger.log({"rank": rank}, chief_only=False)
+    return rank
+
+
 def test_run_execute_collectives_and_failures() -> None:
     ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=SIZE)
     ex.start(
@@ -147,6 +157,15 @@ def test_run_execute_collectives_and_failures() -> None:
         ) == [(r, 3) for r in range(SIZE)]
         refs = ex.run_remote(lambda: os.environ["UNISON_RANK"])
         assert ray.get(refs, timeout=60) == ["0", "1", "2"]
+
+        # callbacks get what rank 0 logs (every rank with chief_only=False), in order
+        seen: list[dict[str, int]] = []
+        assert ex.run(log_values, args=[10], callbacks=[seen.append]) == [0, 1, 2]
+        assert [d for d in seen if "step" in d] == [{"step": 0}, {"step": 10}, {"step": 20}]
+        assert sorted(d["rank"] for d in seen if "rank" in d) == [0, 1, 2], seen
+        seen.clear()
+        assert ex.execute(lambda h: log_values(h.value), callbacks=[seen.append]) == [0, 1, 2]
+        assert [d["step"] for d in seen if "step" in d] == [0, 14, 28], seen
 
         # all_reduce across the actors against numpy, twice (re-init on the same store)
         for seed in (1, 2):
@@ -249,9 +268,11 @@ def test_horovod_argument_checks() -> None:
         RayExecutor(None, num_workers=2, min_workers=1)
     with pytest.raises(ValueError, match="need 1 <= min_workers <= max_workers"):
         RayExecutor(None, min_workers=3, max_workers=2)
-    elastic = RayExecutor(None, min_workers=1, max_workers=2)  # the elastic form: run() only
-    with pytest.raises(UnsupportedError, match="only run"):
+    elastic = RayExecutor(None, min_workers=1, max_workers=2)  # Horovod's elastic refusals
+    with pytest.raises(UnsupportedError, match="ObjectRefs cannot be returned from Elastic"):
         elastic.run_remote(lambda: 0)
+    with pytest.raises(NotImplementedError, match="does not support execute_single"):
+        elastic.execute_single(lambda _: 0)
     with pytest.raises(ValueError, match="num_workers must be >= 1"):
         RayExecutor(None, num_workers=0)
     s = RayExecutor.create_settings(timeout_s=12, placement_group_timeout_s=7, nics={"lo"})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .discovery import Blacklist, FixedHosts, HostDiscovery, ScriptDiscovery, parse_hosts_output
 from .membership import Member, assign, plan
-from .rendezvous import Assignment, Round, latest_round, publish, read_round
+from .rendezvous import Assignment, Round, cancel, latest_round, publish, read_round
 from .worker import ElasticWorker, current_round, enabled, hosts_updated, join, worker
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "Round",
     "ScriptDiscovery",
     "assign",
+    "cancel",
     "current_round",
     "enabled",
     "hosts_updated",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from ..bootstrap import CANCEL_KEY
 from ..store import Store
 
 __all__ = [
@@ -13,6 +14,8 @@ __all__ = [
     "ROUND_KEY",
     "Assignment",
     "Round",
+    "cancel",
+    "epoch_of",
     "latest_round",
     "publish",
     "read_round",
@@ -20,6 +23,14 @@ __all__ = [
 
 LATEST_KEY = "elastic/latest"
 ROUND_KEY = "elastic/round/{n}"
+#: round N's peer rendezvous runs under this epoch in the store (the native runtime's
+#: ``(1 << 30) + elastic_round``), apart from the epochs of non-elastic re-inits
+EPOCH_BASE = 1 << 30
+
+
+def epoch_of(number: int) -> int:
+    """The rendezvous epoch of round ``number``."""
+    return EPOCH_BASE + number
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,13 @@ def publish(store: Store, rnd: Round) -> None:
     """Make ``rnd`` the newest world (its assignment first, then the pointer)."""
     store.set(ROUND_KEY.format(n=rnd.number), rnd.encode())
     store.set(LATEST_KEY, str(rnd.number).encode())
+
+
+def cancel(store: Store, number: int, reason: str) -> None:
+    """Cancel round ``number``'s rendezvous if it is still forming: its workers stop
+    waiting for a member that will never come (it died) and move on to the next round.
+    A round that formed is not affected (its workers no longer look)."""
+    store.set(CANCEL_KEY.format(epoch=epoch_of(number)), reason.encode())
 
 
 def latest_round(store: Store) -> int:

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..elastic import Blacklist, HostDiscovery, Member, Round, assign, plan, publish
+from ..elastic import Blacklist, HostDiscovery, Member, Round, assign, cancel, plan, publish
 from ..errors import LaunchError
 from ..store import TCPStore, TCPStoreServer
 from .hosts import DEFAULT_RSH, Slot, forwarded_environment, is_local, remote_argv
@@ -259,10 +259,14 @@ class ElasticDriver:
         ranks = assign(members + fresh)
         self.round += 1
         publish(self.client, Round(self.round, reason, ranks))
+        if self.round > 0:  # the last world may still be forming, waiting for a lost member
+            cancel(self.client, self.round - 1, f"superseded by world {self.round}: {reason}")
         for m in members + fresh:
             m.rank = ranks[m.id].rank
             if m.host not in self.host_order:
                 self.host_order.append(m.host)
+        for w in live:  # output lines carry the worker's rank in the newest world
+            self.output.relabel(w.seq, ranks[w.member.id].rank)
         per = {h: sum(a.host == h for a in ranks.values()) for h in self.host_order}
         layout = ", ".join(f"{h}:{n}" for h, n in per.items() if n)
         what = "elastic job" if self.round == 0 else f"elastic reset {self.resets}"
@@ -309,6 +313,7 @@ class ElasticDriver:
         self.workers.append(w)
         out_fd, err_fd = take_pipes(rp)
         self.output.add(seq, out_fd, err_fd)
+        self.output.relabel(seq, m.rank)
         if rp.pidfd is not None:
             w.pidfd = rp.pidfd
             self.sel.register(rp.pidfd, selectors.EVENT_READ, w)

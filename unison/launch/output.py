@@ -22,10 +22,11 @@ _MAX_LINE = 1 << 20  # a "line" longer than this is forwarded in pieces
 
 
 class _Stream:
-    __slots__ = ("err", "fd", "pending", "rank")
+    __slots__ = ("err", "fd", "label", "pending", "rank")
 
     def __init__(self, rank: int, fd: int, err: bool) -> None:
-        self.rank = rank
+        self.rank = rank  # the key the supervisor knows the process by
+        self.label = rank  # the number in the prefix (an elastic worker's current rank)
         self.fd = fd
         self.err = err
         self.pending = bytearray()
@@ -66,6 +67,13 @@ class OutputForwarder:
             stream = _Stream(rank, fd, is_err)
             self._open[fd] = stream
             self._sel.register(fd, selectors.EVENT_READ, stream)
+
+    def relabel(self, rank: int, label: int) -> None:
+        """Prefix the lines of process ``rank`` with ``[label]`` from now on (an elastic
+        worker whose rank changed in a new world)."""
+        for stream in self._open.values():
+            if stream.rank == rank:
+                stream.label = label
 
     def owns(self, data: object) -> bool:
         return isinstance(data, _Stream)
@@ -140,7 +148,7 @@ class OutputForwarder:
         sink = self._err if stream.err else self._out
         if id(sink) in self._broken:
             return
-        tag = f"[{stream.rank}] ".encode() if self._prefix else b""
+        tag = f"[{stream.label}] ".encode() if self._prefix else b""
         if not self._tty.get(id(sink), False):
             lines = [_last_redraw(line) for line in lines]
         try:

@@ -16,23 +16,25 @@ from __future__ import annotations
 import os
 import secrets
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..elastic import Blacklist, Member, Round, assign, plan, publish
-from ..errors import LaunchError
+from ..elastic import Blacklist, Member, Round, assign, cancel, plan, publish
+from ..errors import LaunchError, UnsupportedError
 from ..launch.hosts import Slot
 from ..launch.rankenv import rank_environment
 from ..store import TCPStore, TCPStoreServer
 from ..transport.shm_segment import cleanup_job
-from .runner import MiniSettings, RayExecutor
+from .ray_logger import CallbackPump
+from .runner import MiniSettings
 from .worker import UnisonRayWorker
 
-__all__ = ["ElasticRayExecutor"]
+__all__ = ["ElasticRayExecutor", "ElasticSettings"]
 
 DISCOVERY_INTERVAL = 1.0  # seconds between looks at Ray's node membership
 
@@ -46,35 +48,116 @@ class _Worker:
     result: Any = None
 
 
+@dataclass
+class ElasticSettings(MiniSettings):
+    """Horovod's elastic settings (``ElasticRayExecutor.create_settings``)."""
+
+    min_num_proc: int = 1
+    max_num_proc: int | None = None
+    reset_limit: int | None = None
+    elastic_timeout: float = 600
+    cooldown_range: tuple[float, float] | None = None
+    discovery: Any = None  # a HostDiscovery used with override_discovery=False
+    num_proc: int = 1
+
+
 class ElasticRayExecutor:
-    """Horovod's elastic Ray executor (``RayExecutor(min_workers=..., max_workers=...)``)."""
+    """Horovod's elastic Ray executor: ``horovod.ray.ElasticRayExecutor``'s constructor
+    (``settings, use_gpu, cpus_per_slot, gpus_per_slot, env_vars, override_discovery``)
+    and the keywords of ``RayExecutor(min_workers=..., max_workers=...)``, which override
+    the settings."""
+
+    @staticmethod
+    def create_settings(
+        min_num_proc: int = 1,
+        max_num_proc: int | None = None,
+        reset_limit: int | None = None,
+        elastic_timeout: float = 600,
+        timeout_s: float = 30,
+        ssh_identity_file: str | None = None,
+        nics: set[str] | None = None,
+        min_np: int | None = None,
+        max_np: int | None = None,
+        **kwargs: Any,
+    ) -> ElasticSettings:
+        """Horovod's factory (``min_np``/``max_np`` are its deprecated names)."""
+        if min_np is not None:
+            if min_num_proc == 1:
+                min_num_proc = min_np
+            warnings.warn(
+                "min_np is deprecated, use min_num_proc instead", DeprecationWarning, stacklevel=2
+            )
+        if max_np is not None:
+            if max_num_proc is None:
+                max_num_proc = max_np
+            warnings.warn(
+                "max_np is deprecated, use max_num_proc instead", DeprecationWarning, stacklevel=2
+            )
+        known = {f.name for f in fields(ElasticSettings)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"create_settings() got unexpected keyword arguments {unknown}")
+        return ElasticSettings(
+            min_num_proc=min_num_proc,
+            max_num_proc=max_num_proc,
+            reset_limit=reset_limit,
+            elastic_timeout=elastic_timeout,
+            timeout_s=timeout_s,
+            ssh_identity_file=ssh_identity_file,
+            nics=nics,
+            num_proc=min_num_proc,
+            **kwargs,
+        )
 
     def __init__(
         self,
         settings: MiniSettings | None = None,
-        min_workers: int = 1,
-        max_workers: int | None = None,
-        cpus_per_worker: float = 1,
         use_gpu: bool = False,
+        cpus_per_slot: float = 1,
+        gpus_per_slot: float | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        override_discovery: bool = True,
+        *,
+        min_workers: int | None = None,
+        max_workers: int | None = None,
+        cpus_per_worker: float | None = None,
         gpus_per_worker: float | None = None,
         reset_limit: int | None = None,
         cooldown_range: Sequence[float] | None = None,
-        elastic_timeout: float = 600,
+        elastic_timeout: float | None = None,
     ) -> None:
+        gpus = gpus_per_worker if gpus_per_worker is not None else gpus_per_slot
+        if gpus and not use_gpu:  # Horovod's checks and texts
+            raise ValueError(
+                "gpus_per_slot is set, but use_gpu is False. "
+                "use_gpu must be True if gpus_per_slot is set. "
+            )
+        gpus = gpus or int(use_gpu)
+        if use_gpu and gpus < 1:
+            raise ValueError(f"gpus_per_slot must be >= 1: Got {gpus}.")
+        s = settings if settings is not None else self.create_settings()
+
+        def pick(given: Any, name: str, default: Any) -> Any:  # keyword, else settings
+            return given if given is not None else getattr(s, name, default)
+
+        min_workers = int(pick(min_workers, "min_num_proc", 1))
+        max_workers = pick(max_workers, "max_num_proc", None)
         if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
             raise ValueError(
                 f"need 1 <= min_workers <= max_workers, got {min_workers} and {max_workers}"
             )
-        self.settings = settings if settings is not None else RayExecutor.create_settings()
+        self.settings = s
         self.settings.elastic = True
         self.min_workers, self.max_workers = min_workers, max_workers
-        self.cpus_per_worker = cpus_per_worker
-        self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
+        self.cpus_per_worker = cpus_per_worker if cpus_per_worker is not None else cpus_per_slot
+        self.gpus_per_worker = gpus if use_gpu else 0
         self.use_gpu = use_gpu
-        self.reset_limit = reset_limit
-        lo_hi = tuple(cooldown_range) if cooldown_range else None
+        self.env_vars = dict(env_vars or {})
+        self.discovery = None if override_discovery else getattr(s, "discovery", None)
+        self.reset_limit = pick(reset_limit, "reset_limit", None)
+        lo_hi = pick(cooldown_range, "cooldown_range", None)
         self.blacklist = Blacklist((float(lo_hi[0]), float(lo_hi[1])) if lo_hi else None)
-        self.elastic_timeout = float(elastic_timeout)
+        self.elastic_timeout = float(pick(elastic_timeout, "elastic_timeout", 600))
         self.workers: list[_Worker] = []
         self.round = -1
         self.resets = 0
@@ -82,17 +165,26 @@ class ElasticRayExecutor:
         self._server: TCPStoreServer | None = None
         self._client: TCPStore | None = None
         self._fn: Callable[[Any], Any] | None = None
+        self._executable: tuple[Any, Any, Any] = (None, None, None)
+        self._pump: CallbackPump | None = None
         self._succeeded = False
         self._job_id = ""
         self._pending = ""
 
     # --- membership ---------------------------------------------------------------------
     def _nodes(self) -> dict[str, int]:
-        """Alive Ray node id -> worker slots (CPUs, and GPUs with use_gpu)."""
+        """Alive Ray node id -> worker slots (CPUs, and GPUs with use_gpu; or what
+        settings.discovery lists, by node address, with override_discovery=False)."""
         out: dict[str, int] = {}
-        for node in ray.nodes():  # type: ignore[no-untyped-call]
-            if not node.get("Alive"):
-                continue
+        alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        if self.discovery is not None:
+            listed = self.discovery.find_available_hosts_and_slots()
+            for node in alive:
+                for key in (str(node["NodeID"]), str(node["NodeManagerAddress"])):
+                    if key in listed:
+                        out[str(node["NodeID"])] = int(listed[key])
+            return out
+        for node in alive:
             res = node.get("Resources", {})
             slots = int(res.get("CPU", 0) // self.cpus_per_worker)
             if self.use_gpu:
@@ -104,9 +196,18 @@ class ElasticRayExecutor:
         return [w for w in self.workers if w.actor is not None]
 
     # --- life cycle ---------------------------------------------------------------------
-    def start(self, extra_env_vars: Mapping[str, str] | None = None) -> None:
+    def start(
+        self,
+        executable_cls: type | None = None,
+        executable_args: Sequence[Any] | None = None,
+        executable_kwargs: Mapping[str, Any] | None = None,
+        extra_env_vars: Mapping[str, str] | None = None,
+    ) -> None:
         """Serve the store and form the first world (waits up to elastic_timeout for
-        ``min_workers`` slots)."""
+        ``min_workers`` slots). Every worker, new ones of later worlds included, creates
+        ``executable_cls(*executable_args, **executable_kwargs)`` (what ``execute``'s
+        function receives) and gets ``env_vars`` and ``extra_env_vars``."""
+        self._executable = (executable_cls, executable_args, executable_kwargs)
         if not ray.is_initialized():
             ray.init()
         self._secret = secrets.token_bytes(32)
@@ -115,7 +216,7 @@ class ElasticRayExecutor:
         port = self._server.address[1]
         self._store = (ray.util.get_node_ip_address(), port)  # type: ignore[no-untyped-call]
         self._client = TCPStore("127.0.0.1", port, self._secret, timeout=30.0)
-        self._extra = dict(extra_env_vars or {})
+        self._extra = {**self.env_vars, **dict(extra_env_vars or {})}
         deadline = time.monotonic() + self.elastic_timeout
         while not self._reform("start"):
             if time.monotonic() >= deadline:
@@ -163,6 +264,8 @@ class ElasticRayExecutor:
         ranks = assign([w.member for w in live] + fresh)
         self.round += 1
         publish(self._client, Round(self.round, reason, ranks))
+        if self.round > 0:  # the last world may still be forming, waiting for a lost member
+            cancel(self._client, self.round - 1, f"superseded by world {self.round}: {reason}")
         self.log.append(f"world {self.round}: {len(ranks)} workers ({reason})")
         for w in live:
             w.member.rank = ranks[w.member.id].rank
@@ -197,23 +300,62 @@ class ElasticRayExecutor:
         actor.update_env_vars.remote(env)  # ordered before any later call on this actor
         w = _Worker(m, actor)
         self.workers.append(w)
+        cls, cls_args, cls_kwargs = self._executable
+        if cls is not None:
+            actor.start_executable.remote(cls, cls_args, cls_kwargs)
+        if self._pump is not None:
+            self._pump.attach(actor)
         if self._fn is not None:
             w.ref = actor.execute.remote(self._fn)
 
     # --- running ------------------------------------------------------------------------
     def run(
         self,
-        fn: Callable[..., Any],
+        worker_fn: Callable[..., Any],
+        callbacks: Sequence[Callable[[Any], Any]] | None = None,
+        *,
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
     ) -> list[Any]:
-        """``fn(*args, **kwargs)`` on every worker until the job ends; the results of the
-        workers of the last world, in rank order."""
+        """``worker_fn(*args, **kwargs)`` on every worker until the job ends; the results
+        of the workers of the last world, in rank order. Every callback is called on the
+        driver with each value rank 0 logs (``unison.ray.ray_logger.log``)."""
+        a, kw = list(args or ()), dict(kwargs or {})
+        return self.execute(lambda _exe: worker_fn(*a, **kw), callbacks)
+
+    def execute(
+        self,
+        fn: Callable[[Any], Any],
+        callbacks: Sequence[Callable[[Any], Any]] | None = None,
+    ) -> list[Any]:
+        """``fn(executable)`` on every worker (new ones too) until the job ends; the
+        results of the last world's workers, in rank order."""
         if self._client is None:
             raise LaunchError("ElasticRayExecutor is not started; call start() first")
-        a, kw = list(args or ()), dict(kwargs or {})
-        self._fn = lambda _exe: fn(*a, **kw)
+        with CallbackPump(callbacks) as pump:
+            self._pump = pump
+            try:
+                return self._run(fn)
+            finally:
+                self._pump = None
+
+    def run_remote(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        raise UnsupportedError(
+            "ObjectRefs cannot be returned from Elastic runs as the workers are ephemeral"
+        )
+
+    def execute_single(self, fn: Callable[[Any], Any]) -> Any:
+        raise UnsupportedError(
+            "Elastic mode does not support execute_single. Please use the execute method instead"
+        )
+
+    def _run(self, fn: Callable[[Any], Any]) -> list[Any]:
+        self._fn = fn
+        self._succeeded = False
         for w in self._live():
+            w.done, w.result = False, None
+            if self._pump is not None:
+                self._pump.attach(w.actor)
             w.ref = w.actor.execute.remote(self._fn)
         waiting_since: float | None = None
         next_look = time.monotonic() + DISCOVERY_INTERVAL

@@ -34,7 +34,6 @@ from ..errors import (
     InvalidArgumentError,
     LaunchError,
     PeerLostError,
-    UnsupportedError,
 )
 from ..jobenv import FAILURE_KEY, parse_failure_record
 from ..launch.rankenv import rank_environment
@@ -42,6 +41,7 @@ from ..store import TCPStoreServer
 from ..transport.shm_segment import cleanup_job
 from .errors import RayStartTimeoutError, RayWorkerLostError
 from .placement import Layout, Placement
+from .ray_logger import CallbackPump
 
 if TYPE_CHECKING:
     from .elastic import ElasticRayExecutor
@@ -156,14 +156,15 @@ class RayExecutor:
             self.settings = settings if settings is not None else self.create_settings()
             self._elastic = ElasticRayExecutor(
                 self.settings,
-                min_workers,
-                max_workers,
-                cpus_per_worker,
                 use_gpu,
-                gpus_per_worker,
-                reset_limit,
-                cooldown_range,
-                elastic_timeout,
+                override_discovery=override_discovery,
+                min_workers=min_workers,
+                max_workers=max_workers,
+                cpus_per_worker=cpus_per_worker,
+                gpus_per_worker=gpus_per_worker,
+                reset_limit=reset_limit,
+                cooldown_range=cooldown_range,
+                elastic_timeout=elastic_timeout,
             )
             self.num_workers, self.num_servers = min_workers, 0
             self.cpus_per_worker, self.use_gpu = cpus_per_worker, use_gpu
@@ -213,9 +214,7 @@ class RayExecutor:
         """Place the actors, serve the store, set every rank's environment, then create
         ``executable_cls(*executable_args, **executable_kwargs)`` in each actor."""
         if self._elastic is not None:
-            if executable_cls is not None:
-                raise UnsupportedError("unison.ray: executable_cls with min_workers (elastic)")
-            self._elastic.start(extra_env_vars)
+            self._elastic.start(executable_cls, executable_args, executable_kwargs, extra_env_vars)
             return
         if self._placement is not None:
             raise LaunchError("RayExecutor.start() called twice; call shutdown() first")
@@ -305,9 +304,13 @@ class RayExecutor:
     def execute(
         self, fn: Callable[[Any], Any], callbacks: Sequence[Callable[..., Any]] | None = None
     ) -> list[Any]:
-        """``fn(executable)`` on every worker; the results in rank order."""
-        _no_callbacks(callbacks)
-        return self._gather([a.execute.remote(fn) for a in self._actors()])
+        """``fn(executable)`` on every worker; the results in rank order. Each callback
+        is called on the driver with every value rank 0 logs (:mod:`.ray_logger`)."""
+        if self._elastic is not None:
+            return self._elastic.execute(fn, callbacks=callbacks)
+        return self._with_callbacks(
+            lambda: [a.execute.remote(fn) for a in self._actors()], callbacks
+        )
 
     def run(
         self,
@@ -317,11 +320,11 @@ class RayExecutor:
         callbacks: Sequence[Callable[..., Any]] | None = None,
     ) -> list[Any]:
         """``fn(*args, **kwargs)`` on every worker; the results in rank order (elastic: of
-        the last world's workers)."""
-        _no_callbacks(callbacks)
+        the last world's workers). Each callback is called on the driver with every value
+        rank 0 logs (:mod:`.ray_logger`)."""
         if self._elastic is not None:
-            return self._elastic.run(fn, args, kwargs)
-        return self._gather(self.run_remote(fn, args, kwargs))
+            return self._elastic.run(fn, callbacks, args=args, kwargs=kwargs)
+        return self._with_callbacks(lambda: self.run_remote(fn, args, kwargs), callbacks)
 
     def run_remote(
         self,
@@ -331,17 +334,27 @@ class RayExecutor:
     ) -> list[Any]:
         """Start ``fn(*args, **kwargs)`` on every worker; the ``ObjectRef`` s, rank order
         (``ray.get`` them yourself: no failure supervision on this path)."""
+        if self._elastic is not None:
+            return self._elastic.run_remote(fn)
         a, kw = list(args or ()), dict(kwargs or {})
         return [w.execute.remote(lambda _exe: fn(*a, **kw)) for w in self._actors()]
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` on the rank 0 worker only; its result."""
+        if self._elastic is not None:
+            return self._elastic.execute_single(fn)
         return self._gather([self._actors()[0].execute.remote(fn)])[0]
 
     # --- internals ----------------------------------------------------------------------
+    def _with_callbacks(
+        self, start: Callable[[], list[Any]], callbacks: Sequence[Callable[..., Any]] | None
+    ) -> list[Any]:
+        with CallbackPump(callbacks) as pump:
+            if pump.queue is not None:
+                self._wait([pump.attach(a) for a in self._actors()], "set_queue")
+            return self._gather(start())
+
     def _actors(self) -> list[Any]:
-        if self._elastic is not None:
-            raise UnsupportedError("unison.ray: with min_workers (elastic) only run() is supported")
         if self._placement is None:
             raise LaunchError(
                 self._closed_reason or "RayExecutor is not started; call start() first"
@@ -444,8 +457,3 @@ def _root_cause(failed: Mapping[int, BaseException]) -> tuple[int, BaseException
 
 def _ranks(pending: Sequence[Any], index: Mapping[Any, int]) -> list[int]:
     return sorted(index[ref] for ref in pending)
-
-
-def _no_callbacks(callbacks: Sequence[Callable[..., Any]] | None) -> None:
-    if callbacks:
-        raise UnsupportedError("unison.ray: callbacks (rank 0's logged values) are not supported")

@@ -85,6 +85,13 @@ class UnisonRayWorker:
                 *(executable_args or ()), **dict(executable_kwargs or {})
             )
 
+    def set_queue(self, queue: Any) -> None:
+        """Send this process's ``ray_logger.log`` values to ``queue`` (the driver's
+        callbacks)."""
+        from . import ray_logger
+
+        ray_logger.configure(queue)
+
     def execute(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)``; if it raises, this rank leaves the unison job first.
 

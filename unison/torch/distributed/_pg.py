@@ -22,7 +22,7 @@ from ...comm import collectives as _c
 from ...comm.group import Group
 from ...comm.work import Work as UWork
 from ...errors import InvalidArgumentError, UnsupportedError
-from ._work import UnisonWork, translate
+from ._work import DoneWork, UnisonWork, done_work, translate
 
 __all__ = ["UnisonProcessGroup"]
 
@@ -38,11 +38,18 @@ _OPS = {
 }
 
 
-_BY_TYPE = {getattr(dist.ReduceOp.RedOpType, n): u for n, u in _OPS.items()}
+# by the RedOpType's integer value: hashing torch's enum costs a microsecond, int() less
+_BY_VALUE = {int(getattr(dist.ReduceOp.RedOpType, n)): u for n, u in _OPS.items()}
+_SUM = dist.ReduceOp.SUM
 
 
 def _op(op: Any) -> ReduceOp:
-    uop = _BY_TYPE.get(getattr(op, "op", op))  # ReduceOp -> its RedOpType: one dict look-up
+    if op == _SUM:  # the usual case: one comparison
+        return ReduceOp.SUM
+    try:
+        uop = _BY_VALUE.get(int(getattr(op, "op", op)))  # ReduceOp -> its RedOpType
+    except (TypeError, ValueError):
+        uop = None
     if uop is not None:
         return uop
     for name, uop in _OPS.items():
@@ -85,6 +92,12 @@ class _Stage:
                 f()
 
         return run
+
+
+def _direct(t: torch.Tensor) -> bool:
+    """Whether unison can use ``t``'s own memory: a contiguous CPU tensor of a dtype it
+    reduces natively (every one but bfloat16, which is staged as float32)."""
+    return t.is_cpu and t.dtype is not torch.bfloat16 and t.is_contiguous()
 
 
 def _async(opts: Any) -> bool:
@@ -165,21 +178,36 @@ class UnisonProcessGroup(dist.ProcessGroup):
             raise translate(exc) from None
 
     # --- collectives --------------------------------------------------------------------
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork | DoneWork:
+        if len(tensors) == 1 and _direct(tensors[0]):
+            root = self._global(opts.rootRank, "broadcast")
+            try:
+                part = _c.broadcast(self._comm, tensors[0], root, _async(opts))
+            except Exception as exc:
+                raise translate(exc) from None
+            if part is None:
+                return done_work("broadcast", tensors)
+            return UnisonWork(self._label("broadcast"), [part], tensors)
         st, root = _Stage(), self._global(opts.rootRank, "broadcast")
         bufs = [st(t) for t in tensors]
         parts = [self._start(_c.broadcast, self._comm, b, root, _async(opts)) for b in bufs]
         return self._work("broadcast", parts, tensors, st)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> UnisonWork:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> UnisonWork | DoneWork:
         op = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp)
         if len(tensors) == 1:
             t = tensors[0]
-            if t.device.type == "cpu" and t.dtype != torch.bfloat16 and t.is_contiguous():
+            if _direct(t):
                 # the common case: unison reduces the tensor's own memory (a numpy view),
-                # in place; nothing to stage or copy back
-                part = self._start(_c.all_reduce, self._comm, t, op, _async(opts))
-                return UnisonWork(self._label("all_reduce"), [part] if part else [], tensors)
+                # in place; nothing to stage or copy back. A blocking call has finished
+                # when this returns: torch gets an already completed Work
+                try:
+                    part = _c.all_reduce(self._comm, t, op, _async(opts))
+                except Exception as exc:
+                    raise translate(exc) from None
+                if part is None:
+                    return done_work("all_reduce", tensors)
+                return UnisonWork(self._label("all_reduce"), [part], tensors)
         st = _Stage()
         bufs = [st(t) for t in tensors]
         parts = [self._start(_c.all_reduce, self._comm, b, op, _async(opts)) for b in bufs]
@@ -226,10 +254,18 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any
     ) -> UnisonWork:
+        # torch's layout: output_lists[rank][k] receives input k of that rank
+        if len(output_lists) != len(self._ranks) or any(
+            len(o) != len(input_list) for o in output_lists
+        ):
+            raise InvalidArgumentError(
+                f"all_gather_coalesced: output_tensor_lists must hold {len(self._ranks)} lists "
+                f"(one per rank) of {len(input_list)} tensors (one per input)"
+            )
         st = _Stage()
         parts = []
-        for outs, inp in zip(output_lists, input_list, strict=True):
-            o = [st(t) for t in outs]
+        for k, inp in enumerate(input_list):
+            o = [st(outs[k]) for outs in output_lists]
             i = st(inp, write=False)
             parts.append(self._start(_c.all_gather, self._comm, o, i, _async(opts)))
         return self._work("all_gather_coalesced", parts, [t for o in output_lists for t in o], st)
@@ -326,9 +362,11 @@ class UnisonProcessGroup(dist.ProcessGroup):
         part = self._start(_c.all_to_all, self._comm, o, i, _async(opts))
         return self._work("all_to_all", [part], list(output_tensors), st)
 
-    def barrier(self, opts: Any = None) -> UnisonWork:
+    def barrier(self, opts: Any = None) -> UnisonWork | DoneWork:
         part = self._start(_c.barrier, self._comm, _async(opts))
-        return self._work("barrier", [part], [], _Stage())
+        if part is None:
+            return done_work("barrier", [])
+        return UnisonWork(self._label("barrier"), [part], [])
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """torch's ``monitored_barrier``: raise naming the ranks that did not arrive."""

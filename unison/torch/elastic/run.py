@@ -73,9 +73,9 @@ def run(func: F) -> F:
             if reset_required and _elastic.enabled():
                 _reset()
                 state.on_reset()
-            if not skip_sync:
-                state.sync()
             try:
+                if not skip_sync:  # inside: a member lost while syncing is a failure too
+                    state.sync()
                 return func(state, *args, **kwargs)
             except _RECOVERABLE as exc:
                 resets += 1
