@@ -157,6 +157,22 @@ def _three_ways() -> list[str]:
         bad.append(f"{world} world submissions for {calls[0]} blocking + async pairs")
     if submitted.count(general.id) != calls[0]:
         bad.append("the general group's calls did not all go through its executor")
+    Executor.submit = counting  # type: ignore[method-assign]
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:  # torch CPU tensors (bfloat16 too) take the lane after validation
+        for tdt in (torch.float32, torch.bfloat16, torch.int64):
+            t = torch.arange(5, dtype=tdt) + r
+            before = len(submitted)
+            un.all_reduce(t)
+            want = sum(torch.arange(5, dtype=tdt) + q for q in range(p))
+            if not torch.equal(t, want):
+                bad.append(f"torch {tdt} all_reduce: {t} != {want}")
+            if shared == (len(submitted) != before):
+                bad.append(f"torch {tdt} all_reduce: lane taken: {len(submitted) == before}")
+    Executor.submit = real_submit  # type: ignore[method-assign]
     # a sub-group with a slot region takes the lane too
     x = np.full(3, r + 1, np.int64)
     before = len(submitted)

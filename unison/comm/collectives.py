@@ -129,6 +129,8 @@ def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
     b = _as(comm, buf, "all_reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
+    if lane is not None and not async_op and lane.all_reduce_buffer(b, rop):
+        return None  # a torch CPU tensor, an int op: validated above, the lane runs it
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_REDUCE, b.dtype, b.count, rop)
     return issue(comm.backend.all_reduce(comm, b, rop), async_op)

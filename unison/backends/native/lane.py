@@ -32,7 +32,7 @@ import numpy as np
 
 from ..._types import ReduceOp
 from ...algorithms import OpCode, OpContext
-from ...buffers import DType, check_op, from_numpy
+from ...buffers import Buffer, DType, check_op, from_numpy
 from ...errors import CommunicationError, UnisonError
 from .desync import foreign_frame_error
 from .small import _key, _Watch
@@ -128,9 +128,15 @@ class Lane:
 
     # --- plans: what the first call of a signature validated --------------------------
     def _make(
-        self, op: OpCode, arr: np.ndarray, nbytes: int, redop: Any = None, root: int = -1
+        self,
+        op: OpCode,
+        arr: np.ndarray,
+        nbytes: int,
+        redop: Any = None,
+        root: int = -1,
+        dtype: DType | None = None,
     ) -> _Plan | None:
-        dt = from_numpy(arr.dtype)
+        dt = dtype or from_numpy(arr.dtype)
         if dt is None or nbytes > self.limit:
             return None
         rop = ReduceOp.SUM
@@ -225,6 +231,27 @@ class Lane:
                 return False
         flags = arr.flags
         if not (flags.c_contiguous and flags.writeable) or not self._begin(plan):
+            return False
+        try:
+            self.slots.all_reduce(arr, plan[4], self.timeout, plan[2], plan[3])
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        finally:
+            self._end()
+        return True
+
+    def all_reduce_buffer(self, b: Buffer, op: ReduceOp) -> bool:
+        """A validated buffer (a torch CPU tensor's storage, bfloat16 included)."""
+        arr = b.array
+        key = (5, b.dtype, arr.dtype, b.count, op)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan_for(
+                key, lambda: self._make(OpCode.ALL_REDUCE, arr, arr.nbytes, op, dtype=b.dtype)
+            )
+            if plan is None:
+                return False
+        if not self._begin(plan):
             return False
         try:
             self.slots.all_reduce(arr, plan[4], self.timeout, plan[2], plan[3])
