@@ -84,8 +84,11 @@ class NegotiationChannel:
         if not self.peers:
             return
         self._work = irecv(self._buf, None, _TAG_HEAD, self.group)
-        for peer in self.peers:
-            self._alive[peer] = irecv(self._alive_buf, peer, _TAG_ALIVE, self.group)
+        if self._work.request is not None:
+            # unison's own transports keep an any-source receive posted past a lost peer
+            # (MPI and Gloo fail it, or end the job): there, watch each peer's sentinel
+            for peer in self.peers:
+                self._alive[peer] = irecv(self._alive_buf, peer, _TAG_ALIVE, self.group)
         self._thread = threading.Thread(target=self._watch, name="unison-hvd-listen", daemon=True)
         self._thread.start()
 
