@@ -53,7 +53,7 @@ class NegotiationChannel:
         group: Group,
         me: int,
         peers: list[int],
-        deliver: Callable[[int, Any], None],
+        deliver: Callable[[int, Any, bool], None],
         on_error: Callable[[int, BaseException], None],
         need: Callable[[], bool],
         poll: float,
@@ -152,9 +152,10 @@ class NegotiationChannel:
             if peer in self._open and not self._stop.is_set():
                 self._on_error(peer, exc)
 
-    def _take(self, work: Work, watcher: bool = False) -> bool:
+    def _take(self, work: Work, watcher: bool = False, late: bool = False) -> bool:
         """Parse and deliver the message ``work`` received, unless another thread has;
-        then post the next head receive. False: the slot is closed (every peer left)."""
+        then post the next head receive. False: the slot is closed (every peer left).
+        ``late``: found by the idle watcher's look, so it may have waited a while."""
         with self._lock:
             if self._work is not work:
                 return self._work is not None
@@ -174,7 +175,7 @@ class NegotiationChannel:
                 self._open.discard(peer)
             # deliver before posting the next receive: a thread that found the message
             # missing while holding the engine's lock then still sees this receive posted
-            self._deliver(peer, obj)
+            self._deliver(peer, obj, late)
             if not self._open:
                 self._work = None
                 return False
@@ -192,6 +193,7 @@ class NegotiationChannel:
             if work is None:
                 return
             try:
+                late = False
                 if self._need():
                     done = _block(work, min(self.poll, _CHECK_S))
                     if not done:
@@ -201,8 +203,8 @@ class NegotiationChannel:
                     self._nudge.clear()
                     if self._stop.is_set():
                         return
-                    done = False if self._need() else work.is_completed()
-                if done and not self._take(work, watcher=True):
+                    done = late = False if self._need() else work.is_completed()
+                if done and not self._take(work, watcher=True, late=late):
                     return
             except (UnisonError, OSError, RuntimeError) as exc:
                 if not self._stop.is_set():

@@ -218,7 +218,9 @@ class TorchEngine:
         )
 
     # --- messages from peers (listener threads) -----------------------------------------------
-    def _deliver(self, peer: int, msg: Any) -> None:
+    def _deliver(self, peer: int, msg: Any, late: bool = False) -> None:
+        """A peer's message; ``late``: the idle watcher found it on one of its looks, up to
+        ``idle_answer_s`` after it came, so the answer is due now."""
         r = self.ranks.index(peer)
         with self._cv:
             if msg == "ping":
@@ -227,7 +229,7 @@ class TorchEngine:
                 self._gone.add(r)
             elif msg[0] == "C":
                 if msg[1] not in self._inbox:
-                    self._arrived = time.monotonic()
+                    self._arrived = time.monotonic() - (self.idle_answer_s if late else 0.0)
                 self._inbox.setdefault(msg[1], {})[r] = msg
             # a running cycle waits on the receives itself (NegotiationChannel.pull) and
             # whoever ends it wakes the loop if more is wanted: only an idle loop needs the news
