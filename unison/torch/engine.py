@@ -16,8 +16,8 @@ arrived, so ranks that submit in different orders meet without polling. A rank
 with work pending answers a peer's cycle at once. A rank with nothing of its own
 has nothing the peer could use: every pending operation needs it to submit, and
 its submission starts its own cycle, which pairs with the peer's. So it answers
-only for the stall inspector and liveness, within :meth:`TorchEngine.idle_answer_s`
-(a third of the timeout, half the stall-check time), and a rank that is behind
+only for the stall inspector and liveness, within ``TorchEngine.idle_answer_s``
+(a third of the timeout, at most half the stall-check time), and a rank that is behind
 always joins the cycle with its tensor instead of an empty message -- whatever
 the machine's speed, with no timing constant. Between cycles one watcher thread
 waits on the peers' messages, without driving the transport, only while this rank
@@ -217,7 +217,7 @@ class TorchEngine:
             f"(submitted by ranks {[x for x in self.ranks if x not in missing]})"
         )
 
-    # --- messages from peers (listener threads) -----------------------------------------------
+    # --- messages from peers (cycle or watcher thread) -----------------------------------------------
     def _deliver(self, peer: int, msg: Any, late: bool = False) -> None:
         """A peer's message; ``late``: the idle watcher found it on one of its looks, up to
         ``idle_answer_s`` after it came, so the answer is due now."""
