@@ -217,7 +217,7 @@ class TorchEngine:
             f"(submitted by ranks {[x for x in self.ranks if x not in missing]})"
         )
 
-    # --- messages from peers (cycle or watcher thread) -----------------------------------------------
+    # --- messages from peers (cycle or watcher thread) ---------------------------------------
     def _deliver(self, peer: int, msg: Any, late: bool = False) -> None:
         """A peer's message; ``late``: the idle watcher found it on one of its looks, up to
         ``idle_answer_s`` after it came, so the answer is due now."""
