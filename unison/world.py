@@ -186,7 +186,8 @@ def _open_elastic(
         try:
             return opener(ecfg, store_addr=store_addr, secret=secret)
         except AbortedError as exc:
-            if exc.op != "init":
+            # only a rendezvous the driver cancelled: it publishes the replacing world first
+            if exc.op != "init" or elastic.worker().latest() <= ecfg.elastic_round:
                 raise
             log.warning("elastic: world %d did not form (%s)", ecfg.elastic_round, exc)
 

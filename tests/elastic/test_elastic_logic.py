@@ -113,3 +113,48 @@ def test_cli_flags_parse_like_horovodrun() -> None:
     assert (args.np, args.min_np, args.max_np, args.reset_limit) == (4, 2, 6, 3)
     assert args.host_discovery_script == "./d.sh" and args.elastic_timeout == 30.0
     assert args.blacklist_cooldown_range == [10.0, 100.0] and args.slots_per_host == 2
+
+
+def test_cancelled_rendezvous_stops_waiting_for_a_member() -> None:
+    # ranks 0 and 1 of a world of 3 wait for rank 2, which never comes; the driver
+    # cancels that world's rendezvous: both stop at once with the reason
+    import threading
+
+    from unison.bootstrap import connect_mesh
+    from unison.elastic import cancel
+    from unison.elastic.rendezvous import epoch_of
+    from unison.errors import AbortedError
+
+    secret = b"k" * 32
+    with TCPStoreServer("127.0.0.1", 0, secret) as server:
+        server.start()
+        port = server.address[1]
+        errors: dict[int, BaseException] = {}
+
+        def member(rank: int) -> None:
+            store = TCPStore("127.0.0.1", port, secret, timeout=60)
+            try:
+                connect_mesh(
+                    store, rank, 3, secret, "job", advertise="127.0.0.1", bind="",
+                    timeout=60, epoch=epoch_of(7), adopt=lambda peer, sock: sock.close(),
+                )  # fmt: skip
+            except BaseException as exc:
+                errors[rank] = exc
+            finally:
+                store.close()
+
+        threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        driver = TCPStore("127.0.0.1", port, secret, timeout=30)
+        try:
+            driver.wait([f"unison/{epoch_of(7)}/peer/{r}" for r in (0, 1)], timeout=30)
+            cancel(driver, 7, "superseded by world 8: rank 2 died")
+        finally:
+            driver.close()
+        for t in threads:
+            t.join(timeout=30)
+    assert sorted(errors) == [0, 1], errors
+    for rank, exc in errors.items():
+        assert isinstance(exc, AbortedError) and exc.op == "init", repr(exc)
+        assert f"rank {rank}: the rendezvous was cancelled: superseded by world 8" in str(exc)

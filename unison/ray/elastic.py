@@ -28,6 +28,7 @@ from ..elastic import Blacklist, Member, Round, assign, cancel, plan, publish
 from ..errors import LaunchError, UnsupportedError
 from ..launch.hosts import Slot
 from ..launch.rankenv import rank_environment
+from ..log import get_logger
 from ..store import TCPStore, TCPStoreServer
 from ..transport.shm_segment import cleanup_job
 from .ray_logger import CallbackPump
@@ -36,6 +37,7 @@ from .worker import UnisonRayWorker
 
 __all__ = ["ElasticRayExecutor", "ElasticSettings"]
 
+_log = get_logger("ray")
 DISCOVERY_INTERVAL = 1.0  # seconds between looks at Ray's node membership
 
 
@@ -192,6 +194,11 @@ class ElasticRayExecutor:
             out[str(node["NodeID"])] = slots
         return out
 
+    def _note(self, text: str) -> None:
+        """Every world and every loss, with its reason: kept in ``log`` and logged."""
+        self.log.append(text)
+        _log.warning("unison.ray elastic: %s", text)
+
     def _live(self) -> list[_Worker]:
         return [w for w in self.workers if w.actor is not None]
 
@@ -266,7 +273,7 @@ class ElasticRayExecutor:
         publish(self._client, Round(self.round, reason, ranks))
         if self.round > 0:  # the last world may still be forming, waiting for a lost member
             cancel(self._client, self.round - 1, f"superseded by world {self.round}: {reason}")
-        self.log.append(f"world {self.round}: {len(ranks)} workers ({reason})")
+        self._note(f"world {self.round}: {len(ranks)} workers ({reason})")
         for w in live:
             w.member.rank = ranks[w.member.id].rank
         for m in fresh:
@@ -398,5 +405,5 @@ class ElasticRayExecutor:
             f"rank {w.member.rank} (worker {w.member.id}) lost: its actor died; node "
             f"{w.member.host[:8]} blacklisted {how}"
         )
-        self.log.append(self._pending)
+        self._note(self._pending)
         w.actor = None
