@@ -18,7 +18,8 @@ load on the machine slows both alike; the ratio is taken from the medians. For
 each backend it also times the same steps under ``no_sync()`` (DDP's computation
 with no communication: forward, backward, optimizer) and an all_reduce of all the
 gradients alone, and prints the communication share of the step,
-``1 - compute / step``.
+``1 - compute / step``. ``--fsdp`` adds FSDP2 (``fully_shard`` per layer) steps of
+the same model over each backend to the interleaved loop.
 
 Models (``--model``): ``conv`` (default: about 9.2 M parameters, two convolutions
 and three fully connected layers, 32x32 images, batch ``--batch-size``) and
@@ -167,6 +168,8 @@ def run_ddp(args: argparse.Namespace, backends: list[str]) -> dict[str, list[flo
             dist.all_reduce(t, group=g)
 
         fns[f"ddp-{b}"], fns[f"compute-{b}"], fns[f"comm-{b}"] = step, compute, comm
+        if args.fsdp:
+            fns[f"fsdp-{b}"] = fsdp_step(args, group)
     log(
         f"[ddp] model {args.model}: {n_params / 1e6:.1f} M parameters "
         f"({n_params * 4 / 1e6:.0f} MB of float32 gradients), batch {args.batch_size} per rank, "
@@ -192,6 +195,28 @@ def run_ddp(args: argparse.Namespace, backends: list[str]) -> dict[str, list[flo
     return samples
 
 
+def fsdp_step(args: argparse.Namespace, group: object) -> Callable[[], None]:
+    """One FSDP2 step (``fully_shard`` on every layer with parameters, then the root) of
+    the same model over ``group``: all-gathers in forward/backward, reduce-scatters."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    model, data, target = make_model(args)
+    mesh = DeviceMesh.from_group(group, device_type="cpu")
+    for layer in model.modules():
+        if layer is not model and isinstance(layer, (nn.Linear, nn.Conv2d)):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        opt.step()
+
+    return step
+
+
 def report_ddp(args: argparse.Namespace, samples: dict[str, list[float]]) -> None:
     med = {k: statistics.median(v) for k, v in samples.items()}
     config = "communication-bound config, " if args.comm_bound else ""
@@ -204,6 +229,12 @@ def report_ddp(args: argparse.Namespace, samples: dict[str, list[float]]) -> Non
             f"alone {comm * 1e3:.1f} ms; communication share of the step "
             f"{max(0.0, 1 - compute / step) * 100:.0f}%; "
             f"img/sec per rank {args.batch_size / step:.1f}"
+        )
+    if "fsdp-gloo" in med and "fsdp-unison" in med:
+        log(
+            f"FSDP2 step: unison {med['fsdp-unison'] * 1e3:.1f} ms, gloo "
+            f"{med['fsdp-gloo'] * 1e3:.1f} ms; fsdp-unison / fsdp-gloo: "
+            f"{med['fsdp-unison'] / med['fsdp-gloo']:.2f}x ({where})"
         )
     if "ddp-gloo" in med and "ddp-unison" in med:
         log(
@@ -275,6 +306,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
     ap.add_argument("--gradient-as-bucket-view", action="store_true")
+    ap.add_argument(
+        "--fsdp", action="store_true", help="also time FSDP2 (fully_shard) steps of the model"
+    )
     ap.add_argument(
         "--comm-bound",
         action="store_true",

@@ -89,6 +89,26 @@ def collectives() -> dict[str, int]:
     except (NotImplementedError, RuntimeError, ValueError) as exc:
         assert "PREMUL_SUM" in str(exc) or "unison" in str(exc), exc
         checks += 1
+    # a contiguous CPU tensor reaches unison itself, blocking and async: no staging copy
+    from unison.comm import collectives as uc
+
+    handed: list[Any] = []
+    real = uc.all_reduce
+
+    def spy(comm: Any, buf: Any, op: Any, async_op: bool) -> Any:
+        handed.append(buf)
+        return real(comm, buf, op, async_op)
+
+    uc.all_reduce = spy
+    try:
+        t = torch.full((1 << 16,), float(rank + 1))
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+    finally:
+        uc.all_reduce = real
+    assert len(handed) == 2 and all(b is t for b in handed), handed
+    assert t[0].item() == t[-1].item() == float(size * size * (size + 1) // 2), t
+    checks += 1
     # non-contiguous and bfloat16 tensors go through a staged copy
     t = data(rank, 12, torch.float32).reshape(3, 4).t()
     want = sum(data(r, 12, torch.float32).reshape(3, 4).t().numpy() for r in range(size))

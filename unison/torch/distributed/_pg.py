@@ -194,19 +194,24 @@ class UnisonProcessGroup(dist.ProcessGroup):
         return self._work("broadcast", parts, tensors, st)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> UnisonWork | DoneWork:
-        op = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp)
+        if opts is None:
+            op, async_op = ReduceOp.SUM, True
+        else:  # SUM and asyncOp read here, not through _op/_async: the hot path
+            rop = opts.reduceOp
+            op = ReduceOp.SUM if rop == _SUM else _op(rop)
+            async_op = bool(getattr(opts, "asyncOp", True))
         if len(tensors) == 1:
             t = tensors[0]
-            if _direct(t):
+            if t.is_cpu and t.dtype is not torch.bfloat16 and t.is_contiguous():  # _direct
                 # the common case: unison reduces the tensor's own memory (a numpy view),
                 # in place; nothing to stage or copy back. A blocking call has finished
                 # when this returns: torch gets an already completed Work
                 try:
-                    part = _c.all_reduce(self._comm, t, op, _async(opts))
+                    part = _c.all_reduce(self._comm, t, op, async_op)
                 except Exception as exc:
                     raise translate(exc) from None
                 if part is None:
-                    return done_work("all_reduce", tensors)
+                    return DoneWork("all_reduce", tensors)
                 return UnisonWork(self._label("all_reduce"), [part], tensors)
         st = _Stage()
         bufs = [st(t) for t in tensors]
