@@ -173,6 +173,15 @@ def _three_ways() -> list[str]:
             if shared == (len(submitted) != before):
                 bad.append(f"torch {tdt} all_reduce: lane taken: {len(submitted) == before}")
     Executor.submit = real_submit  # type: ignore[method-assign]
+    # a rank on the executor's path (async) meets peers on the lane in the same slots
+    for i in range(20):
+        x = np.full(4, r + i, np.float64)
+        if r == i % p:
+            un.all_reduce(x, async_op=True).wait()
+        else:
+            un.all_reduce(x)
+        if not np.array_equal(x, np.full(4, sum(q + i for q in range(p)), np.float64)):
+            bad.append(f"mixed paths, call {i}: {x}")
     # a sub-group with a slot region takes the lane too
     x = np.full(3, r + 1, np.int64)
     before = len(submitted)
