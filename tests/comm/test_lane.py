@@ -99,6 +99,9 @@ def _three_ways() -> list[str]:
                 case += 1
                 ins = [_inp(case, q, n, dtype, op is ReduceOp.PRODUCT) for q in range(p)]
                 want = reduce_oracle(ins, op)
+                # a float sum's rounding depends on the order: the general path's
+                # reduce_scatter algorithm sums each block in its own order, the slots
+                # (like the direct shared-memory algorithms) in rank order
                 exact = op not in (ReduceOp.SUM, ReduceOp.AVG) or not np.issubdtype(
                     dtype, np.floating
                 )
@@ -107,7 +110,7 @@ def _three_ways() -> list[str]:
                     f"all_reduce {op.name} {np.dtype(dtype)} n={n}",
                     lambda b, g, a, op=op: un.all_reduce(b[0], op=op, group=g, async_op=a),
                     lambda ins=ins: [ins[r].copy()],
-                    exact,
+                    True,  # rank order on every path: the same bytes
                 )
                 rs = [_inp(case + 7, q, n * p, dtype, op is ReduceOp.PRODUCT) for q in range(p)]
                 three(
