@@ -199,3 +199,54 @@ def _large_mismatch() -> str:
 def test_large_mismatch_is_caught_by_the_slot_sync() -> None:
     msgs = spawn(_large_mismatch, 2, env={"UNISON_TIMEOUT": "30"}, timeout=60)
     assert any("all_reduce" in m and "broadcast" in m for m in msgs), msgs
+
+
+def _oversubscribed() -> list[str]:
+    """Ranks outnumbering cores: each wait yields once at most, then sleeps on the peer's
+    futex until the peer publishes; results stay right and nothing hangs."""
+    from unison.transport import futex, seqslot
+
+    r, p = un.rank(), un.size()
+    base, mm = _slots()
+    slots = SeqSlots(
+        r, [memoryview(mm)[q * region_bytes(SLOT) :] for q in range(p)], SLOT, oversubscribed=True
+    )
+    del base
+    counts = {"yield": 0, "sleep": 0}
+    real_yield, real_wait = os.sched_yield, futex.wait
+
+    def count(name: str, fn):  # type: ignore[no-untyped-def]
+        def inner(*a):  # type: ignore[no-untyped-def]
+            counts[name] += 1
+            return fn(*a)
+
+        return inner
+
+    seqslot.os.sched_yield = count("yield", real_yield)  # type: ignore[attr-defined]
+    futex.wait = count("sleep", real_wait)
+    bad = []
+    try:
+        for i in range(40):
+            if r == 1 and i % 2:
+                time.sleep(0.02)  # rank 0 waits for this rank: it must sleep, not spin
+            x = np.full(5, r + i, np.int64)
+            slots.all_reduce(x, timeout=30)
+            if not np.array_equal(x, np.full(5, sum(q + i for q in range(p)))):
+                bad.append(f"call {i}: {x}")
+    finally:
+        seqslot.os.sched_yield = real_yield  # type: ignore[attr-defined]
+        futex.wait = real_wait
+    if slots.policy.spin_s != 0.0:
+        bad.append("an oversubscribed wait spins")
+    waits = slots.policy.waits  # the waits that had to wait (each one observed)
+    if counts["yield"] > waits:
+        bad.append(f"{counts['yield']} yields in {waits} waits (at most one each)")
+    if r == 0 and counts["sleep"] == 0:
+        bad.append("rank 0 never slept on the futex while rank 1 was away")
+    un.barrier()
+    return bad
+
+
+def test_oversubscribed_waits_sleep_on_the_futex() -> None:
+    for bad in spawn(_oversubscribed, 2, timeout=60):
+        assert bad == []

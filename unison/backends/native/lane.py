@@ -214,6 +214,7 @@ class Lane:
                     group=ctx.group_id,
                     ranks=exc.ranks,
                 )
+                err.abort_payload = exc.abort_payload  # news from a peer is relayed as is
             self.ex.fail(ctx, err)
             return err
         self.ex.fail(ctx, CommunicationError(f"{ctx.name} failed locally: {exc!r}"))
