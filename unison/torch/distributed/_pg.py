@@ -194,12 +194,25 @@ class UnisonProcessGroup(dist.ProcessGroup):
         return self._work("broadcast", parts, tensors, st)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> UnisonWork | DoneWork:
+        # torch's C++ ProcessGroup.allreduce has three Python forms: (tensors, opts),
+        # (tensors, op=SUM) and (tensor, op=SUM). A Python group receives the arguments
+        # as given, so the single-tensor and ReduceOp forms are normalized here (DDP's
+        # join hook calls ``process_group.allreduce(local_used_map)`` with one tensor;
+        # iterating it would reduce its elements one by one)
         if opts is None:
             op, async_op = ReduceOp.SUM, True
+            if isinstance(tensors, torch.Tensor):
+                tensors = [tensors]
         else:  # SUM and asyncOp read here, not through _op/_async: the hot path
-            rop = opts.reduceOp
+            try:
+                rop = opts.reduceOp
+                async_op = bool(getattr(opts, "asyncOp", True))
+            except AttributeError:  # (tensor(s), ReduceOp)
+                rop, async_op = opts, True
+                opts = None
+                if isinstance(tensors, torch.Tensor):
+                    tensors = [tensors]
             op = ReduceOp.SUM if rop == _SUM else _op(rop)
-            async_op = bool(getattr(opts, "asyncOp", True))
         if len(tensors) == 1:
             t = tensors[0]
             if t.is_cpu and t.dtype is not torch.bfloat16 and t.is_contiguous():  # _direct
