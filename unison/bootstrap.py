@@ -8,6 +8,7 @@ soon as the mesh is complete, so no port stays open for the rest of the job.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -244,5 +245,9 @@ def connect_mesh(
             adopt(peer, sock)
         return infos
     finally:
+        # shutdown() wakes the acceptor blocked in accept() at once (close() alone does
+        # not: the rendezvous would wait out the accept timeout, 0.5 s, every init)
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
         listener.close()
         acceptor.join(timeout=2)

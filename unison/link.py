@@ -22,6 +22,7 @@ shares, never from a per-rank timing.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from dataclasses import dataclass, field, replace
 
@@ -32,6 +33,7 @@ __all__ = [
     "SharedLink",
     "TwoLevelLink",
     "clear_measured",
+    "crowding",
     "log2ceil",
     "measured",
     "set_measured",
@@ -56,6 +58,22 @@ class Link:
     #: seconds of the bare signal between two ranks (α without the per-message Python
     #: work); 0: not known
     hop: float = 0.0
+    #: seconds per byte of one local memory copy (0: not known)
+    copy: float = 0.0
+    #: seconds per byte copied out of another process by cross-memory attach
+    #: (``process_vm_readv``); 0: not known (the algorithms that use it are not chosen)
+    cma: float = 0.0
+    #: operations on more bytes than this use :attr:`cold` (0: one regime)
+    big: int = 0
+    #: the same link with the per-byte rates of data that no longer fits the caches
+    #: (None: one regime; see :meth:`at`)
+    cold: Link | None = None
+
+    def at(self, n: int) -> Link:
+        """The link for an operation on ``n`` bytes: per-byte costs measured in cache
+        for small operations, out of cache (:attr:`cold`) above :attr:`big`."""
+        cold = self.cold
+        return cold if cold is not None and 0 < self.big < n else self
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,9 @@ class SharedLink(Link):
     #: seconds per peer of one round synchronisation of the direct algorithms
     #: (0: a zero-byte message each way, i.e. α; the shared sequence slots: the hop)
     sync: float = 0.0
+    #: cores of the host (0: not known); when ranks outnumber them, the direct
+    #: algorithms' per-byte work of all ranks shares them
+    cores: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,10 +154,28 @@ def shared_link(
     base: Link | None = None, half: int = SLOT_BYTES // 2, slots: bool = False
 ) -> SharedLink:
     """The link of a job whose ranks all share one host (``base``: the shm link);
-    ``slots``: rounds synchronise on the shared sequence slots (a hop, not a message)."""
+    ``slots``: rounds synchronise on the shared sequence slots (no message).
+
+    The local copy cost is the measured one (else half the shm β: a message through
+    shared memory is two copies); the round synchronisation on the slots costs a hop
+    plus the Python work of both ends, i.e. α; ``cores`` is the host's CPU count
+    (the same for every rank of the host, whatever its affinity)."""
     b = transport_link("shm") if base is None else base
-    sync = (b.hop or b.alpha) if slots else 0.0
-    return SharedLink(b.alpha, b.beta, b.gamma, b.overhead, b.hop, half=half, sync=sync)
+    cold = shared_link(b.cold, half, slots) if b.cold is not None else None
+    return SharedLink(
+        b.alpha,
+        b.beta,
+        b.gamma,
+        b.overhead,
+        b.hop,
+        copy=b.copy or b.beta / 2,
+        cma=b.cma,
+        big=b.big if cold is not None else 0,
+        cold=cold,
+        half=half,
+        sync=b.alpha if slots else 0.0,
+        cores=os.cpu_count() or 0,
+    )
 
 
 def two_level(host_of: dict[int, str], inter: Link, transport: str) -> TwoLevelLink | None:
@@ -173,6 +212,14 @@ def two_level(host_of: dict[int, str], inter: Link, transport: str) -> TwoLevelL
         hosts=len(counts),
         per_host=per_host,
     )
+
+
+def crowding(p: int, link: Link) -> float:
+    """Ranks per core (≥ 1) on a one-host link: when ``p`` ranks outnumber the host's
+    cores, the per-byte work of all of them (copies, reductions) queues for the same
+    cores, so each rank's share takes ``p / cores`` times as long."""
+    cores = link.cores if isinstance(link, SharedLink) else 0
+    return max(1.0, p / cores) if cores > 0 else 1.0
 
 
 def log2ceil(p: int) -> int:

@@ -11,11 +11,15 @@ network between hosts, ``--intra`` between the ranks of one host). Algorithms:
   ``reduce`` and ``broadcast`` costs added);
 * ``hierarchical``: intra-host reduce-scatter, inter-host all-reduce per slice,
   intra-host all-gather, :mod:`.all_reduce_hierarchical` (needs ``--hosts`` ≥ 2);
-* ``shm``: the direct shared-memory algorithm (``--link shm`` only).
+* ``shm``: the direct shared-memory algorithm (``--link shm`` only);
+* ``shm1``: its one-phase variant, :mod:`.all_reduce_shm_one` (``--link shm`` only).
 
 Bus bandwidth follows nccl-tests: algbw = n / t, busbw = algbw · 2(p−1)/p.
-``--link shm`` uses the constants the native runtime uses on one host, which is how
-``--validate bench.json`` compares the model with what ``unison bench`` measured.
+``--link shm`` uses the link the native runtime uses on one host — this host's
+measured model (:mod:`unison.transport.calibrate`, cached per host), synchronising
+rounds on the shared slots — which is how ``--validate bench.json`` compares the
+model with what ``unison bench`` measured on the same host. ``--gamma`` overrides
+the measured reduction speed.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from .algorithms import (
     all_reduce_recursive_doubling,
     all_reduce_ring,
     all_reduce_shm,
+    all_reduce_shm_one,
     broadcast_binomial,
     reduce_binomial,
 )
@@ -65,6 +70,7 @@ ALGOS: dict[str, tuple[Cost, str]] = {
     "rd": (all_reduce_recursive_doubling.cost, all_reduce_recursive_doubling.NAME),
     "hierarchical": (all_reduce_hierarchical.cost, all_reduce_hierarchical.NAME),
     "shm": (all_reduce_shm.cost, all_reduce_shm.NAME),
+    "shm1": (all_reduce_shm_one.cost, all_reduce_shm_one.NAME),
 }
 
 _SIZE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -100,10 +106,16 @@ def parse_latency(text: str) -> float:
     return float(m.group(1)) * _TIME[m.group(2)]
 
 
-def _link(spec: str, gamma: float) -> Link:
-    """``BANDWIDTH,LATENCY`` (either order) → Link."""
+def _link(spec: str, gamma: float | None) -> Link:
+    """``BANDWIDTH,LATENCY`` (either order) → Link; ``shm``: this host's measured one-host
+    link, as the runtime builds it. ``gamma`` None: the measured (or default) one."""
     if spec == "shm":
-        return replace(shared_link(), gamma=gamma)
+        from .transport import calibrate
+
+        calibrate.install()  # this host's model (cached per host), as init() reads it
+        link = shared_link(slots=True)
+        return replace(link, gamma=gamma) if gamma else link
+    gamma = gamma or Link().gamma
     parts = [s.strip() for s in spec.split(",")]
     if len(parts) != 2:
         raise InvalidArgumentError(f"link {spec!r}: expected BANDWIDTH,LATENCY e.g. 100Gbit,5us")
@@ -114,7 +126,7 @@ def _link(spec: str, gamma: float) -> Link:
     return Link(parse_latency(lat[0]), 1 / parse_bandwidth(bw), gamma)
 
 
-def build_link(np_: int, hosts: int, link: str, intra: str, gamma: float) -> Link:
+def build_link(np_: int, hosts: int, link: str, intra: str, gamma: float | None) -> Link:
     """The link the selector would see for ``np_`` ranks on ``hosts`` hosts."""
     if hosts < 1 or np_ < 1:
         raise InvalidArgumentError("--np and --hosts must be >= 1")
@@ -125,7 +137,7 @@ def build_link(np_: int, hosts: int, link: str, intra: str, gamma: float) -> Lin
     inter = _link(link, gamma)
     inner = _link(intra, gamma) if intra else inter
     return TwoLevelLink(
-        inter.alpha, inter.beta, gamma, intra=inner, hosts=hosts, per_host=np_ // hosts
+        inter.alpha, inter.beta, inter.gamma, intra=inner, hosts=hosts, per_host=np_ // hosts
     )
 
 
@@ -148,7 +160,7 @@ class Prediction:
 def predict(algo: str, p: int, n: int, link: Link) -> Prediction:
     if algo not in ALGOS:
         raise InvalidArgumentError(f"--algo {algo!r}: known {', '.join(ALGOS)}")
-    return Prediction(algo, p, n, ALGOS[algo][0](p, n, link))
+    return Prediction(algo, p, n, ALGOS[algo][0](p, n, link.at(n)))
 
 
 def selected(p: int, n: int, link: Link) -> str:
@@ -200,17 +212,17 @@ def _human(n: int) -> str:
     return f"{n}B"
 
 
-def validate(path: str, gamma: float) -> str:
+def validate(path: str, gamma: float | None) -> str:
     """Predicted (selector's choice, shm link) vs measured all_reduce rows of a bench JSON."""
     with open(path) as f:
         data = json.load(f)
     rows = data.get("rows", data) if isinstance(data, dict) else data
     lines = [f"{'np':>3} {'size':>8} {'algo':>6} {'predicted':>11} {'measured':>11} {'error':>7}"]
+    link = _link("shm", gamma)
     for row in rows:
         if row.get("op") != "all_reduce" or row.get("impl", "unison") != "unison":
             continue
         p, n = int(row["np"]), int(row.get("bytes", row.get("size", 0)))
-        link = _link("shm", gamma)
         algo = selected(p, n, link)
         pred = predict(algo, p, n, link).seconds
         meas = float(row["time_us"]) * 1e-6
@@ -240,7 +252,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    gamma = 1 / parse_bandwidth(args.gamma) if args.gamma else Link().gamma
+    gamma = 1 / parse_bandwidth(args.gamma) if args.gamma else None
     if args.validate:
         print(validate(args.validate, gamma))
         return 0

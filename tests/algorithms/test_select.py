@@ -99,3 +99,75 @@ def test_eligibility_comes_from_the_topology() -> None:
     uneven = Topology(two, hosts=((0, 1, 2), (3,)))
     with pytest.raises(UnsupportedError, match="the same number on each"):
         choose("all_reduce", 4, 1 << 20, uneven, {"all_reduce": "hierarchical"})
+
+
+def test_one_phase_all_reduce_chosen_by_the_measured_model() -> None:
+    """The one-phase shared-memory all-reduce saves a synchronisation and the copies of
+    reduced slices, at the price of (p−1)·n reduced bytes per rank instead of
+    ((p−1)/p)·n: the model picks it where that pays, from the link's own numbers, and
+    refuses it without the shared slots (a sub-group, or the TCP transport)."""
+    from unison.algorithms import all_reduce_shm, all_reduce_shm_one
+    from unison.link import SharedLink, crowding
+
+    # reduction as fast as a copy (what np.add into an operand measures on most hosts)
+    link = SharedLink(alpha=20e-6, gamma=1 / 8e9, copy=1 / 8e9, sync=20e-6, cores=16)
+    world = Topology(link, shared=True)
+    for n in (1 << 20, 16 << 20, 256 << 20):
+        assert choose("all_reduce", 2, n, world, {}).name == "shm_one"
+    assert choose("all_reduce", 8, 16 << 20, world, {}).name == "shm"  # 7n reduced each
+    # a slow reduction (e.g. a bfloat16 kernel) tips p = 2 at large n to the two phases
+    slow = Topology(SharedLink(alpha=20e-6, gamma=1 / 1e9, copy=1 / 8e9, sync=20e-6), True)
+    assert choose("all_reduce", 2, 256 << 20, slow, {}).name == "shm"
+    # ranks outnumbering cores: every per-byte term grows by p / cores, syncs too
+    small = SharedLink(alpha=20e-6, gamma=1 / 8e9, copy=1 / 8e9, sync=20e-6, cores=2)
+    assert crowding(4, small) == 2.0 and crowding(2, small) == 1.0
+    n = 1 << 20
+    assert all_reduce_shm_one.cost(4, n, small) == pytest.approx(
+        2 * 20e-6 + 2 * (n / 8e9 + 3 * n / 8e9)
+    )
+    assert all_reduce_shm.cost(4, n, small) > all_reduce_shm.cost(4, n, link)
+    sub = Topology(link, shared=False)
+    assert choose("all_reduce", 2, 1 << 20, sub, {}).name not in ("shm", "shm_one")
+    with pytest.raises(UnsupportedError, match=r"all_reduce:shm_one.*needs every rank on one"):
+        choose("all_reduce", 2, 1 << 20, sub, {"all_reduce": "shm_one"})
+    with pytest.raises(UnsupportedError, match=r"all_reduce:shm_one"):
+        choose("all_reduce", 2, 1 << 20, LINK, {"all_reduce": "shm_one"})
+
+
+def test_single_copy_all_gather_needs_a_measured_cma_rate() -> None:
+    """The cross-memory all-gather is priced by the measured process_vm_readv speed: not
+    measured (0), never chosen; measured fast, chosen for large messages; refused
+    without the shared slots (the TCP transport, a sub-group)."""
+    from unison.algorithms import all_gather_cma
+    from unison.link import SharedLink
+
+    unknown = SharedLink(alpha=20e-6, copy=1 / 8e9, sync=20e-6)
+    assert all_gather_cma.cost(2, 1 << 20, unknown) == float("inf")
+    fast = SharedLink(alpha=20e-6, copy=1 / 8e9, cma=1 / 8e9, sync=20e-6)
+    world = Topology(fast, shared=True)
+    assert choose("all_gather", 2, 64 << 20, world, {}).name == "cma"  # one copy, not two
+    assert choose("all_gather", 2, 64 << 20, world, {"all_gather": "cma"}).forced
+    with pytest.raises(UnsupportedError, match=r"all_gather:cma.*process_vm_readv"):
+        choose("all_gather", 2, 1 << 20, LINK, {"all_gather": "cma"})
+    with pytest.raises(UnsupportedError, match=r"all_gather:cma"):
+        choose("all_gather", 2, 1 << 20, Topology(fast, shared=False), {"all_gather": "cma"})
+
+
+def test_out_of_cache_rates_apply_above_the_cache() -> None:
+    """A measured link carries in-cache and out-of-cache per-byte rates; the selector
+    and every cost() see the set that fits the operation's size."""
+    from unison.algorithms import all_gather_cma, all_gather_shm
+    from unison.link import SharedLink
+
+    cold = SharedLink(alpha=20e-6, copy=1 / 3e9, cma=1 / 3.5e9, sync=20e-6)
+    hot = SharedLink(alpha=20e-6, copy=1 / 20e9, cma=1 / 8e9, sync=20e-6, big=8 << 20, cold=cold)
+    assert hot.at(8 << 20) is hot and hot.at((8 << 20) + 1) is cold
+    world = Topology(hot, shared=True)
+    # in cache a CMA copy costs more than two memcpys; out of cache, less
+    assert choose("all_gather", 2, 1 << 20, world, {}).name == "shm"
+    assert choose("all_gather", 2, 64 << 20, world, {}).name == "cma"
+    n = 64 << 20
+    assert choose("all_gather", 2, n, world, {}).predicted == pytest.approx(
+        all_gather_cma.cost(2, n, cold)
+    )
+    assert all_gather_shm.cost(2, n, cold) > all_gather_shm.cost(2, n, hot)

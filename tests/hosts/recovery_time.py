@@ -59,6 +59,13 @@ class Measurement:
             return None
         return min(r[0] for r in self.recovered) - self.killed_at
 
+    @property
+    def detect(self) -> float | None:
+        """From the loss to the first failure a survivor saw."""
+        if self.killed_at is None or not self.recovered:
+            return None
+        return min(self.recovered)[1] - self.killed_at
+
     def phases(self) -> str:
         if not self.recovered:
             return "no survivor reported a recovery"
@@ -160,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             times.append(m.seconds)
             print(f"run {i + 1}: {m.seconds:.3f} s from the host's loss to the first "
                   f"completed step after it ({m.phases()})", flush=True)  # fmt: skip
+            if m.detect is not None and m.detect > 5:  # what the survivors were doing
+                for line in m.stderr.splitlines():
+                    if "collective failed" in line or "CollectiveTimeout" in line:
+                        print(f"    {line}")
     finally:
         hosts.close()
     print(

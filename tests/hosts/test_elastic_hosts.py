@@ -9,6 +9,7 @@ tests.hosts.recovery_time`` measures it alone, repeatedly)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,8 +55,10 @@ def test_host_loss_then_the_host_returns(two: BridgedHosts, tmp_path: Path) -> N
     assert (
         f"elastic reset 2: new slots from host discovery; world 2: 4 ranks ({h0}:2, {h1}:2)" in err
     )
-    # every reset is logged by the workers too, with its reason
-    assert "joined round 1 (rank " in err and "joined round 2 (new slots from host" in err, err
+    # the workers log the reset too, with its reason (the failure's own reason is
+    # asserted by tests/elastic: survivors that notice the loss only after the host
+    # came back join round 2 directly)
+    assert re.search(r"joined round 2 \(new slots from host discovery\) as rank \d of 4", err)
     assert m.seconds is not None, stdout
     print(
         f"\nelastic recovery on namespaced hosts: {m.seconds:.3f} s from the host's loss to "

@@ -47,8 +47,23 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
         assert shm.alpha == pytest.approx(cal.shm.alpha + 2 * cal.overhead)
         assert shm.beta == cal.shm.beta and shm.overhead == 1e-5
         assert linkmodel.shared_link().alpha == shm.alpha
+        # the direct algorithms' rates, in cache and out of it, reach the shared link
+        assert cal.copy > 0 and cal.gamma > 0 and cal.cold_copy > 0 and cal.big >= 1 << 20
+        shared = linkmodel.shared_link(slots=True)
+        assert shared.copy == cal.copy and shared.gamma == cal.gamma and shared.cma == cal.cma
+        assert shared.sync == shm.alpha and shared.at(cal.big) is shared
+        cold = shared.at(cal.big + 1)
+        assert isinstance(cold, linkmodel.SharedLink) and cold.copy == cal.cold_copy
+        assert cold.gamma == cal.cold_gamma and cold.cma == cal.cold_cma
     finally:
         linkmodel.clear_measured()
+
+    # a cache written before these rates existed is measured again, not half-read
+    old = json.loads(path.read_text())
+    del old["cold_copy"]
+    path.write_text(json.dumps(old))
+    assert calibrate._read(path) is None
+    path.write_text(json.dumps({**old, "cold_copy": cal.cold_copy}))
 
     # measured while the machine was busy, read when it is quiet: measure again
     assert calibrate._read(path) is not None

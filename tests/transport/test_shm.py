@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import secrets
@@ -113,12 +114,79 @@ def _grid(algo: str) -> int:
     return cases
 
 
+_DTYPES = ("float32", "float64", "float16", "int8", "uint8", "int32", "int64", "bool")
+
+
+def _all_reduce_every_dtype(algo: str) -> list[str]:
+    """Every dtype and op through the forced all-reduce ``algo``, uneven counts that span
+    several slot rounds; the digest of each result (ranks must agree bitwise)."""
+    from unison.world import current
+
+    current().overrides = {"all_reduce": algo}
+    p, r = un.size(), un.rank()
+    digests = []
+    for name in _DTYPES:
+        dtype = np.dtype(name)
+        for n in (0, 1, p + 1, 1531, 2900):  # 2900 float64: six rounds of a 4 KiB slot
+            for op in ReduceOp:
+                if (op.is_bitwise and dtype.kind == "f") or (op is ReduceOp.AVG and name == "bool"):
+                    continue
+                rng = np.random.default_rng([n, int(op), len(name)])
+                if dtype.kind == "f":
+                    ins = [rng.standard_normal(n).astype(dtype) for _ in range(p)]
+                elif dtype.kind == "b":
+                    ins = [rng.integers(0, 2, n).astype(dtype) for _ in range(p)]
+                else:
+                    ins = [rng.integers(-3 if dtype.kind == "i" else 0, 4, n).astype(dtype)
+                           for _ in range(p)]  # fmt: skip
+                x = ins[r].copy()
+                un.all_reduce(x, op=op)
+                want = reduce_oracle(ins, op)
+                what = f"{algo} {name} n={n} {op.name}"
+                if dtype.kind == "f":
+                    np.testing.assert_allclose(x, want, rtol=5e-3, atol=5e-3, err_msg=what)
+                else:
+                    assert np.array_equal(x, want), what
+                digests.append(f"{what} {hashlib.sha1(x.tobytes()).hexdigest()}")
+    return digests
+
+
 def _grid_small_slot(algo: str) -> int:
     from unison.algorithms import shm_arena
 
     shm_arena.SLOT_BYTES = 4096  # several rounds for every count above ~500 elements
     un.init()
-    return _grid(algo)
+    cases = _grid(algo)
+    if algo == "shm":  # the one-phase all-reduce, in the same job (ranks must agree)
+        digests = _all_reduce_every_dtype("shm_one")
+        every = un.all_gather_object(digests)
+        assert all(d == digests for d in every), "ranks differ bitwise"
+        cases += len(digests) + _all_gather_cma()
+    return cases
+
+
+def _all_gather_cma() -> int:
+    """The single-copy all-gather: every dtype, uneven counts, tensor and list outputs;
+    it learns on its first call that every rank may read every other."""
+    from unison.transport import cma
+    from unison.world import current
+
+    rt = current()
+    rt.overrides = {"all_gather": "cma"}
+    p, r = un.size(), un.rank()
+    cases = 0
+    for name in _DTYPES:
+        for n in (0, 1, p + 1, 3001):
+            ins = [(np.arange(n) * (q + 3) % 251).astype(name) for q in range(p)]
+            g = np.full(n * p, 7, name)
+            un.all_gather_into_tensor(g, ins[r])
+            assert np.array_equal(g, np.concatenate(ins)), f"cma {name} n={n}"
+            outs = [np.zeros(n, name) for _ in range(p)]
+            un.all_gather(outs, ins[r])
+            assert all(np.array_equal(o, i) for o, i in zip(outs, ins, strict=True)), name
+            cases += 2
+    assert rt.fabric.arena is not None and rt.fabric.arena.cma is cma.available()
+    return cases
 
 
 @pytest.mark.timeout(120)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..link import Link
+from ..link import Link, crowding
 from ._context import OpContext
 from ._schedule import ring_neighbors, segments
 from .topology import Topology
@@ -27,7 +27,7 @@ NEEDS = "nothing beyond the group"
 
 
 def cost(p: int, n: int, link: Link) -> float:
-    return (p - 1) * link.alpha + (p - 1) / p * n * link.beta
+    return (p - 1) * link.alpha + crowding(p, link) * (p - 1) / p * n * link.beta
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

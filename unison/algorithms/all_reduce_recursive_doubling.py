@@ -17,7 +17,7 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import DType, Kernel, finalize_average
-from ..link import Link, log2ceil
+from ..link import Link, crowding, log2ceil
 from ._context import OpContext
 from ._schedule import pof2_floor, recursive_doubling_plan
 from .topology import Topology
@@ -31,8 +31,9 @@ RETURN_TAG = 1 << 20  # the result going back to a folded rank
 
 def cost(p: int, n: int, link: Link) -> float:
     steps = log2ceil(pof2_floor(p)) if p > 1 else 0
-    extra = 0.0 if p == pof2_floor(p) else 2 * (link.alpha + n * link.beta)
-    return steps * (link.alpha + n * link.beta + n * link.gamma) + extra
+    c = crowding(p, link)
+    extra = 0.0 if p == pof2_floor(p) else 2 * (link.alpha + c * n * link.beta)
+    return steps * (link.alpha + c * n * (link.beta + link.gamma)) + extra
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

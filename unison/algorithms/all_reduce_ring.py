@@ -18,7 +18,7 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import DType, Kernel, finalize_average
-from ..link import Link
+from ..link import Link, crowding
 from ._context import OpContext
 from ._schedule import chunks
 from .all_gather_ring import allgather_blocks
@@ -33,7 +33,8 @@ NEEDS = "nothing beyond the group"
 
 def cost(p: int, n: int, link: Link) -> float:
     f = (p - 1) / p
-    return 2 * (p - 1) * link.alpha + 2 * f * n * link.beta + f * n * link.gamma
+    work = 2 * f * n * link.beta + f * n * link.gamma
+    return 2 * (p - 1) * link.alpha + crowding(p, link) * work
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..link import Link, log2ceil
+from ..link import Link, crowding, log2ceil
 from ._context import OpContext
 from ._schedule import binomial_children, binomial_parent, segments
 from .topology import Topology
@@ -27,7 +27,7 @@ NEEDS = "nothing beyond the group"
 
 
 def cost(p: int, n: int, link: Link) -> float:
-    return log2ceil(p) * (link.alpha + n * link.beta)
+    return log2ceil(p) * (link.alpha + crowding(p, link) * n * link.beta)
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

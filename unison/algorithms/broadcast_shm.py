@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..link import Link, SharedLink
+from ..link import Link, SharedLink, crowding
 from . import broadcast_binomial
 from ._context import OpContext
 from .shm_arena import arena_of, rounds, sync, sync_cost
@@ -35,7 +35,7 @@ NEEDS = (
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    return sync_cost(p, link) * rounds(n, link) + 2 * n * link.copy
+    return sync_cost(p, link) * rounds(n, link) + crowding(p, link) * 2 * n * link.copy
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..buffers import Kernel
-from ..link import Link
+from ..link import Link, crowding
 from ..transport.request import Request
 from ._context import OpContext
 from ._schedule import ring_neighbors, segments
@@ -34,7 +34,7 @@ WINDOW = 4
 
 def cost(p: int, n: int, link: Link) -> float:
     f = (p - 1) / p
-    return (p - 1) * link.alpha + f * n * link.beta + f * n * link.gamma
+    return (p - 1) * link.alpha + crowding(p, link) * f * n * (link.beta + link.gamma)
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..buffers import Kernel
-from ..link import Link, SharedLink
+from ..link import Link, SharedLink, crowding
 from . import reduce_scatter_ring
 from ._context import OpContext
 from .all_reduce_shm import reduce_slice
@@ -39,7 +39,8 @@ def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
     f = (p - 1) / p
-    return sync_cost(p, link) * rounds(n, link) + f * n * (link.copy + link.gamma)
+    work = f * n * (link.copy + link.gamma)
+    return sync_cost(p, link) * rounds(n, link) + crowding(p, link) * work
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

@@ -19,12 +19,14 @@ from ..errors import UnsupportedError
 from ..link import Link
 from ..log import get_logger
 from . import (
+    all_gather_cma,
     all_gather_ring,
     all_gather_shm,
     all_reduce_hierarchical,
     all_reduce_recursive_doubling,
     all_reduce_ring,
     all_reduce_shm,
+    all_reduce_shm_one,
     all_to_all_pairwise,
     barrier_dissemination,
     broadcast_binomial,
@@ -46,11 +48,12 @@ REGISTRY: dict[str, tuple[ModuleType, ...]] = {
         all_reduce_ring,
         all_reduce_recursive_doubling,
         all_reduce_shm,
+        all_reduce_shm_one,
         all_reduce_hierarchical,
     ),
     "broadcast": (broadcast_binomial, broadcast_shm),
     "reduce": (reduce_binomial,),
-    "all_gather": (all_gather_ring, all_gather_shm),
+    "all_gather": (all_gather_ring, all_gather_shm, all_gather_cma),
     "reduce_scatter": (reduce_scatter_ring, reduce_scatter_shm),
     "all_to_all": (all_to_all_pairwise,),
     "gather": (gather_scatter_linear,),
@@ -96,7 +99,8 @@ def choose(
                         f"UNISON_ALGO forces {collective}:{forced}, which cannot serve "
                         f"{p} ranks x {nbytes} bytes here: it needs {mod.NEEDS}"
                     )
-                t = topo.link.overhead + mod.cost(p, nbytes, topo.link)
+                link = topo.link.at(nbytes)
+                t = link.overhead + mod.cost(p, nbytes, link)
                 return Choice(collective, forced, mod, t, True)
         raise UnsupportedError(
             f"UNISON_ALGO names {collective}:{forced}; known {collective} algorithms: "
@@ -108,7 +112,7 @@ def choose(
 @functools.lru_cache(maxsize=4096)
 def _cheapest(collective: str, p: int, nbytes: int, topo: Topology) -> Choice:
     best: Choice | None = None
-    link = topo.link
+    link = topo.link.at(nbytes)  # in-cache or out-of-cache rates, by size
     for mod in REGISTRY[collective]:
         if mod.supports(p, nbytes, topo):
             t = link.overhead + mod.cost(p, nbytes, link)
@@ -129,7 +133,7 @@ def table(
     topo = Topology.of(link, p)
     for coll, mods in REGISTRY.items():
         for n in sizes:
-            cells = [f"{m.NAME}={fmt(m.cost(p, n, link))}" for m in mods]
+            cells = [f"{m.NAME}={fmt(m.cost(p, n, link.at(n)))}" for m in mods]
             pick = _cheapest(coll, p, n, topo).name
             lines.append(f"{coll:15s} {n:>12d}B  {' '.join(cells)}  -> {pick}")
     return "\n".join(lines)

@@ -28,12 +28,24 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import UnsupportedError
-from ..link import SLOT_BYTES, Link, SharedLink
+from ..link import SLOT_BYTES, Link, SharedLink, crowding
 from ._context import OpContext
 
-__all__ = ["SLOT_BYTES", "Arena", "SharedLink", "arena_of", "rounds", "sync", "sync_cost"]
+__all__ = [
+    "HEAD_BYTES",
+    "SLOT_BYTES",
+    "Arena",
+    "SharedLink",
+    "arena_of",
+    "crowding",
+    "rounds",
+    "sync",
+    "sync_cost",
+]
 
 _EMPTY = np.empty(0, np.uint8)
+#: bytes at the end of every slot for its header words (outside both halves)
+HEAD_BYTES = 128
 
 
 def rounds(n: int, link: Link) -> int:
@@ -42,9 +54,12 @@ def rounds(n: int, link: Link) -> int:
 
 
 def sync_cost(p: int, link: Link) -> float:
-    """Seconds of one :func:`sync` of ``p`` ranks under ``link``."""
-    per = link.sync if isinstance(link, SharedLink) and link.sync > 0 else link.alpha
-    return 2 * (p - 1) * per
+    """Seconds of one :func:`sync` of ``p`` ranks under ``link``: a barrier on the shared
+    sequence slots (every rank publishes once and reads the others: about one α,
+    whatever ``p``), else 2(p−1) zero-byte messages."""
+    if isinstance(link, SharedLink) and link.sync > 0:
+        return link.sync * crowding(p, link)
+    return 2 * (p - 1) * link.alpha
 
 
 class Arena:
@@ -52,8 +67,17 @@ class Arena:
 
     def __init__(self, rank: int, slots: dict[int, memoryview], slot_bytes: int) -> None:
         self.rank = rank
-        self.half = (slot_bytes // 2) // 64 * 64
+        self.half = ((slot_bytes - HEAD_BYTES) // 2) // 64 * 64
         self._slots = {r: np.frombuffer(mv, np.uint8) for r, mv in slots.items()}
+        #: each slot's header words (int64, at its end): what a direct algorithm
+        #: publishes besides data (its process id, a buffer's address, flags)
+        self.heads = {
+            r: a[slot_bytes - HEAD_BYTES : slot_bytes].view(np.int64)
+            for r, a in self._slots.items()
+        }
+        #: whether every rank may read every other's memory directly (cross-memory
+        #: attach), learnt on the first operation that asks; None: not yet known
+        self.cma: bool | None = None
         self._round = 0
         #: a cheaper synchronisation for :func:`sync` (the engine's shared sequence slots:
         #: a signature-checked barrier with the operation's deadline and aborts); None:
@@ -76,6 +100,7 @@ class Arena:
 
     def release(self) -> None:
         self._slots.clear()
+        self.heads.clear()
 
 
 def arena_of(ctx: OpContext, algorithm: str) -> Arena:

@@ -20,7 +20,15 @@ What is measured (about a quarter of a second, once per host):
 
 * shm α: half the round trip of a sequence number through a shared mapping
   between this process and a child process (the floor of a shared-memory hop);
-* shm β: two local copies per byte (into the ring and out of it);
+* shm β: two local copies per byte (into the ring and out of it), plus one hop and
+  the per-message Python work at both ends for every ring-full (a message crosses
+  the ring in pieces of :data:`RING_PIECE` bytes);
+* cma: one ``process_vm_readv`` copy per byte (the single-copy algorithms);
+* the copy, reduction and cma rates twice: on 1 MiB arrays (in cache) and on arrays
+  the size of the largest cache (out of cache); operations above a quarter of that
+  size are priced with the second set (:meth:`unison.link.Link.at`);
+* γ: one reduction per byte (``np.add`` of two float32 arrays into the first, the
+  direct algorithms' arithmetic);
 * tcp α and β: a round trip and an 8 MiB stream over a local socket pair;
 * overhead: packing, parsing and matching one frame header in Python (the fixed
   per-message work of :mod:`.framing` at one end), the part no link removes.
@@ -74,7 +82,12 @@ _BATCH = 50  # round trips per batch (the estimate is the best batch)
 _DEADLINE_S = 5.0  # a measurement that takes longer is abandoned (defaults are used)
 _LOCK_S = 60.0  # longest wait for another process's measurement
 _STREAM = 8 << 20  # bytes streamed for the tcp bandwidth
-_COPY = 8 << 20  # bytes copied for the local copy bandwidth
+_COPY = 1 << 20  # bytes per array for the in-cache copy, reduction and CMA rates
+_COLD_MAX = 64 << 20  # largest array for the out-of-cache rates
+_PIECE = 4 << 20  # bytes per copy or reduction call (a slot half)
+_TRIES = 10  # passes per bandwidth measurement (the estimate is the best one)
+#: bytes a message crosses the shm transport's ring in (the ring's capacity)
+RING_PIECE = 1 << 19
 
 # Used only when a measurement fails (no child process possible, deadline passed).
 _FALLBACK_SHM = (5e-6, 2 / 4e9)
@@ -107,6 +120,14 @@ class Calibration:
     host: dict[str, Any]
     source: str = "measured"
     call_overhead: float = 0.0  # UNISON_CALL_OVERHEAD (seconds per call), not measured
+    gamma: float = 0.0  # seconds per byte reduced (0: not measured)
+    copy: float = 0.0  # seconds per byte of one local copy (0: not measured)
+    cma: float = 0.0  # seconds per byte of process_vm_readv (0: not measured / unavailable)
+    #: operations above this many bytes use the out-of-cache rates below (0: one regime)
+    big: int = 0
+    cold_gamma: float = 0.0
+    cold_copy: float = 0.0
+    cold_cma: float = 0.0
 
     def link(self, transport: str) -> LinkParams:
         return self.tcp if transport == "tcp" else self.shm
@@ -125,6 +146,13 @@ class Calibration:
             overhead=float(data["overhead"]),
             host=dict(data["host"]),
             source=source,
+            gamma=float(data["gamma"]),
+            copy=float(data["copy"]),
+            cma=float(data["cma"]),
+            big=int(data["big"]),
+            cold_gamma=float(data["cold_gamma"]),
+            cold_copy=float(data["cold_copy"]),
+            cold_cma=float(data["cold_cma"]),
         )
 
 
@@ -210,15 +238,61 @@ def _spin_until(m: mmap.mmap, off: int, value: int, deadline: float) -> None:
                 raise TimeoutError("calibration peer did not answer")
 
 
-def _copy_beta() -> float:
-    src = np.ones(_COPY, np.uint8)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return best / _COPY
+def _cache_bytes() -> int:
+    """Bytes of the largest CPU cache (sysfs; 32 MiB where unknown), at least 4 MiB."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for idx in os.listdir(base):
+            try:
+                with open(os.path.join(base, idx, "size")) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+            digits = text.rstrip("KMGkmg")
+            if digits.isdigit():
+                best = max(best, int(digits) * mult)
+    except OSError:
+        pass
+    return max(best or (32 << 20), 4 << 20)
+
+
+def _rates(size: int) -> tuple[float, float, float]:
+    """Seconds per byte of a copy, of ``np.add(a, b, out=a)`` on float32 (a reduction
+    into one of its operands, as the direct algorithms do it) and of
+    ``process_vm_readv`` (from this process, which the kernel copies like another's;
+    0 where unavailable, one call as the single-copy algorithms make), on ``size``-byte
+    arrays already touched (page faults are not the copy's cost). Copies and
+    reductions go in pieces of :data:`_PIECE` bytes, as the direct algorithms' rounds
+    do (one huge ``memcpy`` switches to non-temporal stores, which they never see).
+    The three alternate, so a busy moment slows all of them alike; each estimate is
+    its best pass."""
+    from . import cma
+
+    src = np.ones(size, np.uint8)
+    dst = np.ones_like(src)
+    a, b = src.view(np.float32), dst.view(np.float32)
+    best = [float("inf")] * 3
+    use_cma = cma.available()
+    step = _PIECE // 4  # copies and reductions go round by round, a slot half at most
+    for _ in range(_TRIES):
+        t0 = time.perf_counter()
+        for i in range(0, size, _PIECE):
+            np.copyto(dst[i : i + _PIECE], src[i : i + _PIECE])
+        t1 = time.perf_counter()
+        for i in range(0, size // 4, step):
+            np.add(a[i : i + step], b[i : i + step], out=a[i : i + step])
+        t2 = time.perf_counter()
+        if use_cma:
+            try:
+                cma.read_from(os.getpid(), src.ctypes.data, dst)
+            except cma.CmaError:
+                use_cma = False
+        t3 = time.perf_counter()
+        for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2)):
+            best[i] = min(best[i], dt)
+    return best[0] / size, best[1] / size, best[2] / size if use_cma else 0.0
 
 
 def _overhead() -> float:
@@ -305,15 +379,20 @@ def _shm_dir() -> str | None:
 def measure() -> Calibration:
     """Measure this host now (no cache involved)."""
     overhead = _overhead()
-    copy = _copy_beta()
+    copy, gamma, cma_ = _rates(_COPY)
+    # arrays this large no longer fit the last-level cache (at most 64 MiB each: the
+    # measurement must not cost the rank that runs it more memory than that)
+    cache = min(_cache_bytes(), _COLD_MAX)
+    cold = _rates(cache)
     try:
         shm_alpha, tcp_alpha, tcp_beta = _pair()
         source = "measured"
     except (OSError, TimeoutError, ConnectionError):
         shm_alpha, (tcp_alpha, tcp_beta) = _FALLBACK_SHM[0], _FALLBACK_TCP
         source = "measured (pair test failed; defaults for α)"
+    piece = (shm_alpha + 2 * overhead) / RING_PIECE  # a hop and both ends' work per piece
     return Calibration(
-        shm=LinkParams(shm_alpha, 2 * copy),
+        shm=LinkParams(shm_alpha, 2 * copy + piece),
         tcp=LinkParams(tcp_alpha, tcp_beta),
         overhead=overhead,
         host={
@@ -322,6 +401,13 @@ def measure() -> Calibration:
             "load": _load(),
         },
         source=source,
+        gamma=gamma,
+        copy=copy,
+        cma=cma_,
+        big=cache // 4,  # a collective's working set (buffers, slots) is a few times n
+        cold_copy=cold[0],
+        cold_gamma=cold[1],
+        cold_cma=cold[2],
     )
 
 
@@ -380,7 +466,19 @@ def _override(cal: Calibration, env: Mapping[str, str]) -> Calibration:
     pinned = pinned or cfg.call_overhead > 0
     source = cal.source + " + UNISON_* overrides" if pinned else cal.source
     return Calibration(
-        links["shm"], links["tcp"], cal.overhead, cal.host, source, cfg.call_overhead
+        links["shm"],
+        links["tcp"],
+        cal.overhead,
+        cal.host,
+        source,
+        cfg.call_overhead,
+        cal.gamma,
+        cal.copy,
+        cal.cma,
+        cal.big,
+        cal.cold_gamma,
+        cal.cold_copy,
+        cal.cold_cma,
     )
 
 
@@ -437,6 +535,16 @@ def main(args: argparse.Namespace | None = None) -> int:
         p = cal.link(tr)
         print(f"  {tr}: alpha {p.alpha * 1e6:.2f} us, beta {1 / p.beta / 1e9:.2f} GB/s")
     print(f"  per-message Python work {cal.overhead * 1e6:.2f} us at each end")
+    if cal.gamma > 0:
+        print(f"  reduction {1 / cal.gamma / 1e9:.2f} GB/s (float32 add, one core)")
+    if cal.copy > 0:
+        print(f"  local copy {1 / cal.copy / 1e9:.2f} GB/s")
+    if cal.cma > 0:
+        print(f"  cross-memory copy {1 / cal.cma / 1e9:.2f} GB/s (process_vm_readv)")
+    if cal.big > 0 and cal.cold_copy > 0:
+        cold = [("copy", cal.cold_copy), ("reduction", cal.cold_gamma), ("cma", cal.cold_cma)]
+        rates = ", ".join(f"{k} {1 / v / 1e9:.2f} GB/s" for k, v in cold if v > 0)
+        print(f"  above {cal.big >> 20} MiB (out of cache): {rates}")
     print(f"cached in {path}" if path is not None else "not cached (UNISON_LINK_CACHE=off)")
     return 0
 
@@ -464,14 +572,27 @@ def install(env: Mapping[str, str] | None = None) -> Calibration | None:
     for tr in ("shm", "tcp"):
         p = cal.link(tr)
         base = linkmodel.DEFAULTS[tr]
-        linkmodel.set_measured(
-            tr,
-            dataclasses.replace(
-                base,
-                alpha=p.alpha + 2 * cal.overhead,
-                hop=p.alpha,
-                beta=p.beta,
-                overhead=cal.call_overhead or base.overhead,
-            ),
+        hot = dataclasses.replace(
+            base,
+            alpha=p.alpha + 2 * cal.overhead,
+            hop=p.alpha,
+            beta=p.beta,
+            gamma=cal.gamma or base.gamma,
+            copy=cal.copy if tr == "shm" else 0.0,
+            cma=cal.cma if tr == "shm" else 0.0,
+            overhead=cal.call_overhead or base.overhead,
         )
+        if cal.big > 0 and cal.cold_copy > 0:
+            shm = tr == "shm"
+            # a shm message is two copies plus the per-piece work (already in p.beta)
+            beta = p.beta + 2 * (cal.cold_copy - cal.copy) if shm else p.beta
+            cold = dataclasses.replace(
+                hot,
+                beta=max(beta, p.beta),
+                gamma=cal.cold_gamma or hot.gamma,
+                copy=cal.cold_copy if shm else 0.0,
+                cma=cal.cold_cma if shm else 0.0,
+            )
+            hot = dataclasses.replace(hot, big=cal.big, cold=cold)
+        linkmodel.set_measured(tr, hot)
     return cal

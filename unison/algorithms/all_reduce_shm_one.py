@@ -1,0 +1,86 @@
+"""One-phase shared-memory all-reduce: every rank reduces the whole chunk out of every slot.
+
+Per round of at most half a slot (see :mod:`.shm_arena`): each rank copies its
+chunk into its slot half; sync; each rank reduces all ``p`` slots, in rank order,
+straight into its own buffer. One synchronisation per round instead of the two
+of :mod:`.all_reduce_shm` (reduce-scatter, then all-gather), no copy of a
+reduced slice back and forth, and no rank waits for another's reduction. Every
+rank evaluates the same expression on the same bytes, so all end bitwise
+identical. The price is redundant arithmetic: each rank reduces ``(p−1)·n``
+instead of ``((p−1)/p)·n`` bytes, which pays at small ``p`` (at ``p = 2`` the
+two-phase algorithm saves half a reduction but adds a synchronisation, a
+copy-back and a second pass over the peer's slot).
+
+Cost per round (n bytes): 2(p−1)·sync + n·c + (p−1)·n·γ, the per-byte terms
+scaled by ``p / cores`` when ranks outnumber the cores (the redundant work then
+queues for the same cores).
+Preconditions: every rank of the job on one host with shared memory (the link
+is a :class:`SharedLink`); the world group (others run :mod:`.all_reduce_ring`).
+Reference: the "replicated reduction" variant of direct shared-memory
+all-reduce, e.g. Li et al., "NUMA-aware shared-memory collective communication
+for MPI" (HPDC 2013), and the ``allreduce_sm`` of OpenMPI's ``coll/sm`` for
+small ``p``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._types import ReduceOp
+from ..buffers import DType, Kernel, finalize_average
+from ..link import Link, SharedLink, crowding
+from . import all_reduce_ring
+from ._context import OpContext
+from .shm_arena import arena_of, rounds, sync, sync_cost
+from .topology import Topology
+
+__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
+
+NAME = "shm_one"
+NEEDS = (
+    "every rank on one host with shared memory (not UNISON_TRANSPORT=tcp, not across "
+    "hosts) and the world group (sub-groups cannot use the shared slots)"
+)
+
+
+def cost(p: int, n: int, link: Link) -> float:
+    if not isinstance(link, SharedLink) or p < 2:
+        return math.inf
+    work = n * link.copy + (p - 1) * n * link.gamma
+    return sync_cost(p, link) * rounds(n, link) + crowding(p, link) * work
+
+
+def supports(p: int, n: int, topo: Topology) -> bool:
+    return topo.shared
+
+
+def run(
+    ctx: OpContext, arr: np.ndarray, kern: Kernel, op: ReduceOp, dtype: DType, seg: int
+) -> None:
+    if ctx.size == 1:
+        all_reduce_ring.run(ctx, arr, kern, op, dtype, seg)
+        return
+    arena = arena_of(ctx, NAME)
+    p, me = ctx.size, ctx.rank
+    glob = ctx.ranks
+    step = arena.elems(arr.dtype)
+    for tag, start in enumerate(range(0, len(arr), step) or [0]):
+        chunk = arr[start : start + step]
+        n = len(chunk)
+        h = arena.next_half()
+        slots = [arena.typed(glob[q], h, n, arr.dtype) for q in range(p)]
+        slots[me][:] = chunk
+        sync(ctx, tag)
+        if not n:
+            continue
+        # every rank computes the same expression: slot 0 op slot 1 op ... (this rank's
+        # own term read from its buffer only when one kernel call does it all; otherwise
+        # from its slot, since ``chunk`` is overwritten by the first partial result)
+        srcs = [chunk if q == me and p == 2 else slots[q] for q in range(p)]
+        kern(srcs[0], srcs[1], chunk)
+        for q in range(2, p):
+            kern(chunk, srcs[q], chunk)
+        if op is ReduceOp.AVG:
+            finalize_average(chunk, dtype, p)
