@@ -80,8 +80,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def _pg_forms(rank: int) -> dict[str, np.ndarray]:
-    """The Python forms of torch's ProcessGroup.allreduce, called on the group itself:
-    (tensor), (tensor, op), ([tensors], op), ([tensors], opts)."""
+    """The Python forms of torch's ProcessGroup methods, called on the group itself:
+    allreduce (tensor), (tensor, op), ([tensors], op), ([tensors], opts); reduce
+    (tensor, root, op); broadcast (tensor, root)."""
     pg = dist.distributed_c10d._get_default_group()
     base = torch.tensor([3.0, -1.0, 7.0, 2.0]) * (rank + 1) + rank
     out = {}
@@ -99,6 +100,13 @@ def _pg_forms(rank: int) -> dict[str, np.ndarray]:
     ts = [base.to(torch.int64)]
     pg.allreduce(ts, opts).wait()
     out["list_opts"] = ts[0]
+    t = base.clone()  # reduce(tensor, root, op) to rank 0, then broadcast(tensor, root) from it
+    pg.reduce(t, 0, dist.ReduceOp.MAX).wait()
+    pg.broadcast(t, 0).wait()
+    out["reduce_broadcast"] = t
+    t = base.clone()
+    pg.broadcast(t, 1).wait()
+    out["broadcast_root1"] = t
     return {k: v.numpy().copy() for k, v in out.items()}
 
 
