@@ -24,6 +24,7 @@ def _body() -> dict[str, Any]:
     for _ in range(3):  # the first call is negotiated; later ones hit the response cache
         hvd.allreduce(torch.ones(1), name="small", op=hvd.Sum)
     c0, x0, i0 = eng.counts["cycles"], eng.executor.collectives, eng.counts["inline"]
+    k0, w0 = eng.counts["caller"], eng.channel.watched
     for i in range(N):
         out = hvd.allreduce(torch.tensor([float(r + i)]), name="small", op=hvd.Sum)
         assert out.item() == sum(q + i for q in range(n)), (i, out)
@@ -31,6 +32,8 @@ def _body() -> dict[str, Any]:
         "cycles": eng.counts["cycles"] - c0,
         "collectives": eng.executor.collectives - x0,
         "inline": eng.counts["inline"] - i0,
+        "caller": eng.counts["caller"] - k0,
+        "watched": eng.channel.watched - w0,
     }
     # the inline path gives what the collective gives: every op, prescale, average,
     # grouped, in place; a tensor over the inline budget still takes the data collective
@@ -46,6 +49,20 @@ def _body() -> dict[str, Any]:
         a = torch.from_numpy(rng.integers(1, 5, size=(2, 3))).to(dt)
         got = hvd.allreduce(a, name=f"chk.{dt}.{int(op)}", op=op, prescale_factor=1.0)
         checks.append((str(dt), int(op), a.numpy().tolist(), got.numpy().tolist()))
+    # the same values through the inline path (small) and the data collective (tiled past
+    # the inline budget) agree bit for bit: integer scaling truncates, floats keep their type
+    same = []
+    for dt, op, pre, post in [
+        (torch.int32, hvd.Average, 0.5, 1.0),
+        (torch.int8, hvd.Sum, 1.0, 0.5),
+        (torch.float32, hvd.Average, 0.3, 1.7),
+        (torch.float64, hvd.Product, 1.1, 1.0),
+    ]:
+        a = torch.from_numpy(rng.integers(1, 50, size=5)).to(dt)
+        kw = {"op": op, "prescale_factor": pre, "postscale_factor": post}
+        small = hvd.allreduce(a, name=f"same.{dt}.s", **kw)
+        big = hvd.allreduce(a.repeat(200), name=f"same.{dt}.b", **kw)
+        same.append((str(dt), small.tolist(), big[:5].tolist(), small.dtype == dt))
     g = [torch.full((3,), float(r + 1)), torch.full((2, 2), float(2 * r))]
     got_g = hvd.grouped_allreduce(g, name="grp", op=hvd.Sum, prescale_factor=2.0)
     t = torch.full((4,), float(r + 1))
@@ -55,6 +72,7 @@ def _body() -> dict[str, Any]:
     return {
         "steady": steady,
         "checks": checks,
+        "same": same,
         "grouped": [x.tolist() for x in got_g],
         "inplace": t.tolist(),
         "big": (big[0].item(), eng.executor.collectives - x1),
@@ -71,9 +89,14 @@ def test_steady_state_small_allreduce_issues_no_data_collective() -> None:
         assert s["collectives"] == 0, s
         assert s["inline"] == N, s
         assert N <= s["cycles"] <= 2 * N, s
+        # every steady-state cycle runs on the caller's thread, which takes the peers'
+        # messages itself: the watcher thread (and the engine thread) stay asleep
+        assert s["caller"] == s["cycles"] and s["watched"] == 0, s
         assert out["big"] == (float(sum(range(n))), 1)
         assert out["grouped"] == [[2.0 * 3] * 3, [[2.0 * 2] * 2] * 2]
         assert out["inplace"] == [1.5 * 3] * 4
+        for dt, small, big, kept in out["same"]:
+            assert small == big and kept, (dt, small, big)
     per_rank = [out["checks"] for out in res]
     for j, (dt, op, _, _got) in enumerate(per_rank[0]):
         parts = [np.array(p[j][2]) for p in per_rank]

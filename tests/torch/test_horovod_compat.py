@@ -207,7 +207,23 @@ def _join_then_others() -> list[str]:
     return [*seen, f"last={hvd.join()}"]
 
 
+def _capabilities() -> None:
+    """Horovod's run-time queries: MPI / Gloo enabled when the job's bytes move over them."""
+    import os
+
+    import unison.torch as hvd
+
+    backend = os.environ["UNISON_BACKEND"]
+    assert hvd.mpi_enabled() is (backend == "mpi")
+    assert hvd.gloo_enabled() is (backend == "torch")  # torch's CPU process group is Gloo
+    assert hvd.gloo_built() is True
+    assert hvd.nccl_built() == 0 and type(hvd.nccl_built()) is int
+    with pytest.raises(ValueError, match="Horovod MPI is not enabled"):
+        hvd.mpi_threads_supported()
+
+
 def _everything() -> list[str]:
+    _capabilities()
     _alltoall_matrix()
     _gradients()
     _local_checks()

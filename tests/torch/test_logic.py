@@ -225,3 +225,17 @@ def test_horovod_variables_are_aliases() -> None:
     s2 = load_settings(env={"HOROVOD_FUSION_THRESHOLD": "1024", "UNISON_FUSION_THRESHOLD": "4K"})
     assert s2.fusion_threshold == 4096
     assert load_settings(env={}).stall_check_time == 60.0
+
+
+def test_capability_queries_before_init_are_horovods() -> None:
+    pytest.importorskip("torch")
+    import unison.torch as hvd
+
+    if hvd.is_initialized():
+        pytest.skip("initialized by another test in this process")
+    # nothing is enabled before init(); what is built is what this environment can import
+    assert hvd.mpi_enabled() is False and hvd.gloo_enabled() is False
+    assert isinstance(hvd.mpi_built(), bool) and isinstance(hvd.gloo_built(), bool)
+    assert hvd.nccl_built() == 0
+    with pytest.raises(ValueError, match="Horovod MPI is not enabled"):
+        hvd.mpi_threads_supported()

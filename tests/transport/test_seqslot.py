@@ -1,7 +1,8 @@
 """The sequence-number slot path: every small collective through the public API on the
 world (which takes the slots) against the numpy oracle and the same call on a sub-group
-of every rank (which takes the general path), across dtypes, ops and counts; the slots
-alone for sequence wrap-around, mismatch and deadline; a peer dying in a slot wait."""
+of every rank past the slot regions (which takes the general path), across dtypes, ops
+and counts; the slots alone for sequence wrap-around, mismatch and deadline; a peer
+dying in a slot wait."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 import unison as un
 from unison import ReduceOp
+from unison.backends.native.fabric import GROUP_SLOTS
 from unison.buffers import check_op, from_numpy
 from unison.errors import CollectiveTimeoutError, MismatchError, UnisonError
 from unison.testing import reduce_oracle, run_ranks, spawn
@@ -74,7 +76,9 @@ def _worker() -> list[str]:
     bad: list[str] = []
     if world_slots() is None:
         return ["the world did not get shared slots"]
-    every = un.new_group(range(p))  # same ranks, general path
+    groups = [un.new_group(range(p)) for _ in range(GROUP_SLOTS)]
+    every = groups[-1]  # same ranks, no slot region: the general path
+    assert every.id >= GROUP_SLOTS
     before = world_slots()._k
     salt = 0
     for dtype in DTYPES:

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..comm.group import Group, check_members
 from ..comm.work import Work
 from ..errors import (
@@ -28,7 +30,29 @@ if TYPE_CHECKING:
     from ..comm.backend import Backend
     from ..config import Config
 
-__all__ = ["BackendRuntime", "poll_work", "check_launch", "comm_error"]
+__all__ = ["BackendRuntime", "check_launch", "comm_error", "pack", "poll_work", "raw", "unpack"]
+
+
+# --- buffer preparation shared by the engines -------------------------------------------------
+def raw(a: np.ndarray) -> np.ndarray:
+    """``a``'s bytes, a view (flat contiguous buffers: what every engine moves)."""
+    return a.view(np.uint8)
+
+
+def pack(blocks: Sequence[np.ndarray]) -> np.ndarray:
+    """The bytes of ``blocks`` end to end in one new buffer (none: zero bytes)."""
+    if not blocks:
+        return np.empty(0, np.uint8)
+    return np.concatenate([raw(b) for b in blocks])
+
+
+def unpack(flat: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+    """Copy consecutive bytes of ``flat`` into each of ``outs``, in order."""
+    at = 0
+    for o in outs:
+        n = int(o.nbytes)
+        raw(o)[:] = flat[at : at + n]
+        at += n
 
 
 def poll_work(

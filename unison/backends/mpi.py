@@ -20,23 +20,13 @@ from ..buffers import Buffer, DType, finalize_average
 from ..comm.group import ANY_SOURCE
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
-from .base import BackendRuntime, check_launch, comm_error, poll_work
+from .base import BackendRuntime, check_launch, comm_error, pack, poll_work, raw, unpack
 
 if TYPE_CHECKING:
     from ..comm.group import Group
     from ..config import Config
 
 __all__ = ["MPIBackend", "open_runtime"]
-
-
-def _bytes(a: np.ndarray) -> np.ndarray:
-    return a.view(np.uint8)
-
-
-def _concat(blocks: Sequence[np.ndarray]) -> np.ndarray:
-    if not blocks:
-        return np.empty(0, np.uint8)
-    return np.concatenate([_bytes(x) for x in blocks])
 
 
 class MPIBackend:
@@ -121,7 +111,7 @@ class MPIBackend:
     # --- collectives -----------------------------------------------------------------------
     def broadcast(self, comm: Group, b: Buffer, root: int) -> Work:
         c = self._c(comm)
-        return self._run(comm, "broadcast", lambda: [c.Ibcast(_bytes(b.array), root)])
+        return self._run(comm, "broadcast", lambda: [c.Ibcast(raw(b.array), root)])
 
     def all_reduce(self, comm: Group, b: Buffer, op: ReduceOp) -> Work:
         c, mop = self._c(comm), self._op(op, b)
@@ -154,11 +144,10 @@ class MPIBackend:
         tmp = np.empty(b.nbytes * comm.size, np.uint8)
 
         def done() -> Any:
-            for i, o in enumerate(outs):
-                _bytes(o)[:] = tmp[i * b.nbytes : (i + 1) * b.nbytes]
+            unpack(tmp, outs)
             return result
 
-        return self._run(comm, "all_gather", lambda: [c.Iallgather(_bytes(b.array), tmp)], done)
+        return self._run(comm, "all_gather", lambda: [c.Iallgather(raw(b.array), tmp)], done)
 
     def gather(
         self,
@@ -171,11 +160,10 @@ class MPIBackend:
         tmp = np.empty(b.nbytes * comm.size if outs is not None else 0, np.uint8)
 
         def done() -> None:
-            for i, o in enumerate(outs or []):
-                _bytes(o)[:] = tmp[i * b.nbytes : (i + 1) * b.nbytes]
+            unpack(tmp, outs or [])
 
         recv = tmp if outs is not None else None
-        return self._run(comm, "gather", lambda: [c.Igather(_bytes(b.array), recv, root)], done)
+        return self._run(comm, "gather", lambda: [c.Igather(raw(b.array), recv, root)], done)
 
     def scatter(
         self,
@@ -185,8 +173,8 @@ class MPIBackend:
         root: int,
     ) -> Work:
         c = self._c(comm)
-        send = _concat(ins) if ins is not None else None
-        return self._run(comm, "scatter", lambda: [c.Iscatter(send, _bytes(b.array), root)])
+        send = pack(ins) if ins is not None else None
+        return self._run(comm, "scatter", lambda: [c.Iscatter(send, raw(b.array), root)])
 
     def reduce_scatter(
         self,
@@ -216,7 +204,7 @@ class MPIBackend:
         ref: Buffer | None = None,
     ) -> Work:
         c = self._c(comm)
-        send = _concat(ins)
+        send = pack(ins)
         scounts = [int(x.nbytes) for x in ins]
         rcounts = [int(x.nbytes) for x in outs]
         recv = np.empty(sum(rcounts), np.uint8)
@@ -224,8 +212,7 @@ class MPIBackend:
         rdispl = list(np.cumsum([0, *rcounts[:-1]]).astype(int))
 
         def done() -> Any:
-            for o, off, n in zip(outs, rdispl, rcounts, strict=True):
-                _bytes(o)[:] = recv[off : off + n]
+            unpack(recv, outs)
             return result
 
         byte = self.MPI.BYTE
@@ -252,7 +239,7 @@ class MPIBackend:
         c, dest, t = self._c(comm), comm.ranks.index(peer), self._tag(tag)
         name = f"send to rank {peer} (tag {tag}, mpi)"
         try:
-            req = c.Isend(_bytes(b.array), dest, t)
+            req = c.Isend(raw(b.array), dest, t)
         except self.MPI.Exception as exc:
             raise comm_error("mpi", name, exc) from exc
         return poll_work(name, req.Test, self.timeout, lambda e: comm_error("mpi", name, e))
@@ -264,7 +251,7 @@ class MPIBackend:
         name = f"recv from {'any rank' if anyone else f'rank {peer}'} (tag {tag}, mpi)"
         status = self.MPI.Status()
         try:
-            req = c.Irecv(_bytes(b.array), src, t)
+            req = c.Irecv(raw(b.array), src, t)
         except self.MPI.Exception as exc:
             raise comm_error("mpi", name, exc) from exc
 

@@ -27,7 +27,7 @@ from ..buffers import Buffer, DType, finalize_average, is_torch_tensor
 from ..comm.group import ANY_SOURCE
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
-from .base import BackendRuntime, check_launch, comm_error, poll_work
+from .base import BackendRuntime, check_launch, comm_error, pack, poll_work, raw, unpack
 
 if TYPE_CHECKING:
     from ..comm.group import Group
@@ -152,7 +152,7 @@ class TorchBackend:
         src = b.source
         if is_torch_tensor(src) and src.device.type != "cpu":
             return src.view(-1)
-        return self._t(b.array.view(np.uint8), DType.UINT8)
+        return self._t(raw(b.array), DType.UINT8)
 
     def _wide(self, t: Any) -> Any:
         """Gloo cannot reduce int16: reduce in int32 (exact, wrapping as int16 does)."""
@@ -288,7 +288,7 @@ class TorchBackend:
 
     def all_gather(self, comm: Group, b: Buffer, outs: list[np.ndarray], result: Any) -> Work:
         g, t = self._g(comm), self._raw(b)
-        ts = [self._t(o.view(np.uint8), DType.UINT8) for o in outs]
+        ts = [self._t(raw(o), DType.UINT8) for o in outs]
         return self._run(
             comm,
             "all_gather",
@@ -304,7 +304,7 @@ class TorchBackend:
         root: int,
     ) -> Work:
         g, t, dst = self._g(comm), self._raw(b), comm.ranks[root]
-        ts = None if outs is None else [self._t(o.view(np.uint8), DType.UINT8) for o in outs]
+        ts = None if outs is None else [self._t(raw(o), DType.UINT8) for o in outs]
         return self._run(comm, "gather", lambda: [self.dist.gather(t, ts, dst, g, async_op=True)])
 
     def scatter(
@@ -315,7 +315,7 @@ class TorchBackend:
         root: int,
     ) -> Work:
         g, t, src = self._g(comm), self._raw(b), comm.ranks[root]
-        ts = None if ins is None else [self._t(i.view(np.uint8), DType.UINT8) for i in ins]
+        ts = None if ins is None else [self._t(raw(i), DType.UINT8) for i in ins]
         return self._run(comm, "scatter", lambda: [self.dist.scatter(t, ts, src, g, async_op=True)])
 
     def reduce_scatter(
@@ -352,17 +352,13 @@ class TorchBackend:
     ) -> Work:
         # one all_to_all_single on bytes serves lists and uneven splits alike
         g = self._g(comm)
-        send = self.torch.from_numpy(np.concatenate([x.view(np.uint8) for x in ins]))
+        send = self.torch.from_numpy(pack(ins))
         rsz = [int(x.nbytes) for x in outs]
         recv = self.torch.empty(sum(rsz), dtype=self.torch.uint8)
         ssz = [int(x.nbytes) for x in ins]
 
         def done() -> Any:
-            off = 0
-            arr = recv.numpy()
-            for o, n in zip(outs, rsz, strict=True):
-                o.view(np.uint8)[:] = arr[off : off + n]
-                off += n
+            unpack(recv.numpy(), outs)
             return result
 
         return self._run(
@@ -378,14 +374,14 @@ class TorchBackend:
 
     # --- point-to-point ----------------------------------------------------------------------
     def isend(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
-        t = self._t(b.array.view(np.uint8), DType.UINT8)
+        t = self._t(raw(b.array), DType.UINT8)
         name = f"send to rank {peer} (tag {tag}, torch)"
         return self._run(
             comm, name, lambda: [self.dist.isend(t, peer, self._g(comm), tag)], p2p=True
         )
 
     def irecv(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
-        t = self._t(b.array.view(np.uint8), DType.UINT8)
+        t = self._t(raw(b.array), DType.UINT8)
         anyone = peer == ANY_SOURCE
         name = f"recv from {'any rank' if anyone else f'rank {peer}'} (tag {tag}, torch)"
         posted: list[Any] = []

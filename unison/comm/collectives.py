@@ -92,7 +92,21 @@ def _as(comm: Group, obj: Any, what: str, *, writable: bool = True, device: bool
     return as_buffer(obj, what, writable=writable, device_ok=ok)
 
 
+# A group's ``lane`` (set by an engine that has one: native, on one host) takes a
+# blocking call on plain numpy arrays first; it returns False when the call is not its
+# own, and the general path below then validates and runs it.
+
+
 def broadcast(comm: Group, buf: Any, src: int, async_op: bool) -> Work | None:
+    lane = comm.lane
+    if (
+        lane is not None
+        and not async_op
+        and type(buf) is np.ndarray
+        and type(src) is int
+        and lane.broadcast(buf, src)
+    ):
+        return None
     comm.require_member("broadcast")
     b = _as(comm, buf, "broadcast buffer", device=True)
     root = comm.group_rank(src, "src")
@@ -102,10 +116,21 @@ def broadcast(comm: Group, buf: Any, src: int, async_op: bool) -> Work | None:
 
 
 def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
+    lane = comm.lane
+    if (
+        lane is not None
+        and not async_op
+        and type(buf) is np.ndarray
+        and type(op) is ReduceOp
+        and lane.all_reduce(buf, op)
+    ):
+        return None
     comm.require_member("all_reduce")
     b = _as(comm, buf, "all_reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
+    if lane is not None and not async_op and lane.all_reduce_buffer(b, rop):
+        return None  # a torch CPU tensor, an int op: validated above, the lane runs it
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_REDUCE, b.dtype, b.count, rop)
     return issue(comm.backend.all_reduce(comm, b, rop), async_op)
@@ -138,6 +163,15 @@ def all_gather(comm: Group, out_list: Any, buf: Any, async_op: bool) -> Work | N
 
 
 def all_gather_into_tensor(comm: Group, out: Any, buf: Any, async_op: bool) -> Work | None:
+    lane = comm.lane
+    if (
+        lane is not None
+        and not async_op
+        and type(out) is np.ndarray
+        and type(buf) is np.ndarray
+        and lane.all_gather(out, buf)
+    ):
+        return None
     comm.require_member("all_gather_into_tensor")
     b = _as(comm, buf, "all_gather input", writable=False)
     o = _as(comm, out, "all_gather output")
@@ -204,6 +238,16 @@ def reduce_scatter(comm: Group, out: Any, in_list: Any, op: Any, async_op: bool)
 def reduce_scatter_tensor(
     comm: Group, out: Any, inbuf: Any, op: Any, async_op: bool
 ) -> Work | None:
+    lane = comm.lane
+    if (
+        lane is not None
+        and not async_op
+        and type(out) is np.ndarray
+        and type(inbuf) is np.ndarray
+        and type(op) is ReduceOp
+        and lane.reduce_scatter(out, inbuf, op)
+    ):
+        return None
     comm.require_member("reduce_scatter_tensor")
     o = _as(comm, out, "reduce_scatter output")
     i = _as(comm, inbuf, "reduce_scatter input", writable=False)
@@ -285,6 +329,9 @@ def all_to_all_single(
 
 
 def barrier(comm: Group, async_op: bool) -> Work | None:
+    lane = comm.lane
+    if lane is not None and not async_op and lane.barrier():
+        return None
     comm.require_member("barrier")
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.BARRIER)

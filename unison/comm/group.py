@@ -71,6 +71,8 @@ class Group:
         self.backend = backend
         self._broken: BaseException | None = None
         self._lock = threading.Lock()
+        #: the engine's fast path for blocking small collectives, or None (set by the engine)
+        self.lane: Any = None
 
     def __repr__(self) -> str:
         return f"<unison.Group {self.id} ranks={list(self.ranks)} rank={self.rank}>"

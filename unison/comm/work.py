@@ -68,6 +68,9 @@ class Work:
         self._result: Any = result
         #: the sender of a receive (a global rank), once it finished; None otherwise
         self.source: int | None = None
+        #: the transport request underneath a native point-to-point operation (None
+        #: elsewhere): a watcher may block on it without driving the transport
+        self.request: Any = None
 
     # --- start and completion (called by the shared layer and the engine) -----------
     def _start(self, inline: bool) -> None:

@@ -1,9 +1,12 @@
 """init/shutdown, ranks and sizes, capability queries, and process sets.
 
-Capability queries work before :func:`init` and say how this layer is built, as
-Horovod's do: it has no MPI, Gloo, NCCL, CUDA, ROCm, oneCCL or DDL controller of its
-own, so they answer False; its bytes move over unison's world, on the backend that
-``unison.init`` chose (native, or ``mpi``/``torch``, which use MPI or Gloo/NCCL).
+Capability queries answer as Horovod's do. ``*_built()`` say what this installation
+can use (MPI: mpi4py importable, unison's ``mpi`` backend; Gloo: torch.distributed
+with Gloo, unison's ``torch`` backend); ``mpi_enabled()``/``gloo_enabled()`` say
+whether this job's bytes move over MPI / Gloo at run time (False before
+:func:`init`, and on unison's own ``native`` engine). NCCL, CUDA, ROCm, oneCCL and DDL:
+unison.torch moves CPU tensors, so they answer False (``nccl_built()``: 0, Horovod's
+"no NCCL version").
 """
 
 from __future__ import annotations
@@ -314,28 +317,57 @@ def is_homogeneous() -> bool:
     return len(set(counts)) == 1
 
 
+def _backend() -> str | None:
+    """The unison backend this job runs on (None before :func:`init`)."""
+    if _S.settings is None or not _un.is_initialized():
+        return None
+    from ..world import current
+
+    return current().config.backend
+
+
 def mpi_threads_supported() -> bool:
-    return False
+    """Whether MPI was initialized with MPI_THREAD_MULTIPLE (Horovod: a ValueError when
+    MPI is not enabled)."""
+    if not mpi_enabled():
+        raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
+    from mpi4py import MPI
+
+    return bool(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
 
 
 def mpi_built() -> bool:
-    return False
+    """True when MPI can be used (mpi4py importable: unison's ``mpi`` backend)."""
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is not None
 
 
 def mpi_enabled() -> bool:
-    return False
+    """True when this job's collectives run on MPI (``UNISON_BACKEND=mpi``)."""
+    return _backend() == "mpi"
 
 
 def gloo_built() -> bool:
-    return False
+    """True when Gloo can be used (torch.distributed with Gloo: the ``torch`` backend)."""
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_gloo_available())
 
 
 def gloo_enabled() -> bool:
-    return False
+    """True when this job's collectives run on Gloo (the ``torch`` backend over a Gloo
+    process group)."""
+    if _backend() != "torch":
+        return False
+    import torch.distributed as dist
+
+    return bool(dist.is_initialized() and "gloo" in str(dist.get_backend()))
 
 
-def nccl_built() -> bool:
-    return False
+def nccl_built() -> int:
+    """0: unison.torch moves CPU tensors (Horovod returns the NCCL version, or 0)."""
+    return 0
 
 
 def ddl_built() -> bool:

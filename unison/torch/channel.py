@@ -2,16 +2,25 @@
 
 Messages are pickled Python objects (from authenticated peers of this job only).
 Each travels as a fixed-size head frame (length + first bytes) and, when longer,
-one tail frame, so a receiver always knows how much to post. One listener thread
-per peer receives continuously and hands messages to ``deliver``; a peer that
-fails or goes silent past the deadline is reported through ``on_error``.
+one tail frame from the same sender, so a receiver always knows how much to post.
 
-The head receive from each peer is always posted (a *slot*). The thread running a
-negotiation cycle does not wait for the listener to hand it a message: it waits on
-the posted receive itself (:meth:`NegotiationChannel.pull`), so on the shared-memory transport
-its own wait drives the ring and no thread hand-off lies on the critical path.
-Whoever sees the receive complete first takes the message; it is delivered exactly
-once, in order per peer, under the slot's lock.
+One head receive from *any* peer of the set is always posted (the *slot*); its
+Work names the sender. Whoever needs a message waits on that one receive: the
+thread running a negotiation cycle waits on it itself (:meth:`NegotiationChannel.pull`),
+driving the transport, so no thread hand-off lies on the critical path; between
+cycles one watcher thread (:meth:`NegotiationChannel.start`) waits on it without
+driving the transport where the transport allows (it blocks on the request until
+the transport's own progress completes it), so it never competes with the cycle
+thread for the processor or the interpreter lock. Whoever sees the receive complete
+first takes the message; it is delivered exactly once, in order per peer, under the
+slot's lock. An any-source receive outlives a lost peer, so one never-matched
+receive per peer (the *sentinel*) is posted too: the transport fails it when the peer
+is lost, and :meth:`NegotiationChannel.check_peers` (called whenever a wait for
+messages has gone a second without one) reports it. The watcher waits on the
+receive only while the engine wants messages at once (``need()``: it has work
+pending, see :meth:`NegotiationChannel.watch`); otherwise it looks every ``poll``
+seconds, so a rank with nothing to do costs no wake-up per message. A peer that fails
+or goes silent past the deadline is reported through ``on_error``.
 """
 
 from __future__ import annotations
@@ -33,20 +42,9 @@ __all__ = ["NegotiationChannel"]
 
 HEAD = 1024
 _LEN = struct.Struct("<I")
-_TAG_HEAD, _TAG_TAIL = 1, 2
-_BYE = object()  # a peer said goodbye: its slot is closed
-
-
-class _Slot:
-    """The posted head receive from one peer."""
-
-    __slots__ = ("buf", "closed", "lock", "work")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.buf = np.empty(HEAD, np.uint8)
-        self.work: Work | None = None
-        self.closed = False
+_TAG_HEAD, _TAG_TAIL, _TAG_ALIVE = 1, 2, 3
+_CHECK_S = 1.0  # a wait for messages checks the peers' sentinels this often
+_ROOM = HEAD - _LEN.size
 
 
 class NegotiationChannel:
@@ -55,60 +53,78 @@ class NegotiationChannel:
         group: Group,
         me: int,
         peers: list[int],
-        deliver: Callable[[int, Any], None],
+        deliver: Callable[[int, Any, bool], None],
         on_error: Callable[[int, BaseException], None],
-        timeout: float,
+        need: Callable[[], bool],
+        poll: float,
     ) -> None:
         self.group = group
         self.me = me
         self.peers = peers
-        self.timeout = timeout
+        self.poll = poll
         self._deliver = deliver
         self._on_error = on_error
+        self._need = need
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._nudge = threading.Event()
+        self._thread: threading.Thread | None = None
         self._send_lock = threading.Lock()
-        self._slots = {peer: _Slot() for peer in peers}
+        self._head = np.zeros(HEAD, np.uint8)  # the send head (guarded by _send_lock)
+        # the posted head receive from any peer (guarded by _lock)
+        self._lock = threading.Lock()
+        self._buf = np.empty(HEAD, np.uint8)
+        self._work: Work | None = None
+        self._open = set(peers)  # peers that have not said goodbye
+        self._alive: dict[int, Work] = {}  # per peer: a receive nothing matches
+        self._alive_buf = np.empty(1, np.uint8)
+        #: messages the watcher thread delivered (the rest: the cycle thread itself)
+        self.watched = 0
 
     def start(self) -> None:
-        for peer, slot in self._slots.items():
-            slot.work = irecv(slot.buf, peer, _TAG_HEAD, self.group)
-        for peer in self.peers:
-            t = threading.Thread(
-                target=self._listen, args=(peer,), name=f"unison-hvd-listen-{peer}", daemon=True
-            )
-            t.start()
-            self._threads.append(t)
+        if not self.peers:
+            return
+        self._work = irecv(self._buf, None, _TAG_HEAD, self.group)
+        if self._work.request is not None:
+            # unison's own transports keep an any-source receive posted past a lost peer
+            # (MPI and Gloo fail it, or end the job): there, watch each peer's sentinel
+            for peer in self.peers:
+                self._alive[peer] = irecv(self._alive_buf, peer, _TAG_ALIVE, self.group)
+        self._thread = threading.Thread(target=self._watch, name="unison-hvd-listen", daemon=True)
+        self._thread.start()
 
     # --- sending -----------------------------------------------------------------------
-    def send(self, peer: int, obj: Any) -> None:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        head = np.zeros(HEAD, np.uint8)
-        head[: _LEN.size] = np.frombuffer(_LEN.pack(len(data)), np.uint8)
-        first = min(len(data), HEAD - _LEN.size)
-        head[_LEN.size : _LEN.size + first] = np.frombuffer(data[:first], np.uint8)
-        with self._send_lock:
-            works = [isend(head, peer, _TAG_HEAD, self.group)]
-            if len(data) > first:
-                tail = np.frombuffer(data[first:], np.uint8).copy()
-                works.append(isend(tail, peer, _TAG_TAIL, self.group))
-        for w in works:
-            w.wait()
-
     def send_all(self, obj: Any) -> None:
-        for peer in self.peers:
-            self.send(peer, obj)
+        """Send ``obj`` to every peer (that has not said goodbye) and wait until it left."""
+        if not self.peers:
+            return
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        n = len(data)
+        first = min(n, _ROOM)
+        with self._send_lock:
+            head = self._head
+            _LEN.pack_into(head.data, 0, n)
+            head[_LEN.size : _LEN.size + first] = np.frombuffer(data, np.uint8, first)
+            tail = np.frombuffer(data, np.uint8, offset=first) if n > first else None
+            works = []
+            for peer in self.peers:
+                works.append(isend(head, peer, _TAG_HEAD, self.group))
+                if tail is not None:
+                    works.append(isend(tail, peer, _TAG_TAIL, self.group))
+            for w in works:
+                w.wait()
 
     # --- receiving ------------------------------------------------------------------------
-    def posted(self, peer: int) -> Work | None:
-        """The receive the next message from ``peer`` lands in (see :meth:`pull`)."""
-        slot = self._slots[peer]
-        return None if slot.closed else slot.work
+    def posted(self) -> Work | None:
+        """The receive the next message lands in (see :meth:`pull`); None once every
+        peer has said goodbye. Lock-free: the engine asks holding its own lock, which
+        :meth:`_take` takes inside this channel's to deliver."""
+        return self._work
 
-    def pull(self, peer: int, work: Work | None, timeout: float) -> None:
-        """Wait up to ``timeout`` on ``work`` (what :meth:`posted` said) in this thread and
-        deliver its message if nobody has. Errors are left to the listener to report."""
-        if work is None:  # the peer said goodbye (the engine knows): nothing will come
+    def pull(self, work: Work | None, timeout: float) -> None:
+        """Wait up to ``timeout`` on ``work`` (what :meth:`posted` said) in this thread,
+        driving the transport, and deliver its message if nobody has. Errors are left to
+        the watcher to report."""
+        if work is None:  # every peer said goodbye (the engine knows): nothing will come
             self._stop.wait(min(timeout, 0.05))
             return
         try:
@@ -119,61 +135,111 @@ class NegotiationChannel:
         except (UnisonError, OSError, RuntimeError):
             return
         try:
-            self._take(peer, work)
+            self._take(work)
         except (UnisonError, OSError, RuntimeError):
             return
 
-    def _take(self, peer: int, work: Work) -> object:
+    def check_peers(self) -> None:
+        """Report a peer the transport has lost (its sentinel receive failed)."""
+        for peer in sorted(self._open):
+            w = self._alive.get(peer)
+            if w is None or not w.is_completed():
+                continue
+            exc = w.exception()
+            if isinstance(exc, CollectiveTimeoutError) or exc is None:  # its deadline: renew
+                self._alive[peer] = irecv(self._alive_buf, peer, _TAG_ALIVE, self.group)
+                continue
+            if peer in self._open and not self._stop.is_set():
+                self._on_error(peer, exc)
+
+    def _take(self, work: Work, watcher: bool = False, late: bool = False) -> bool:
         """Parse and deliver the message ``work`` received, unless another thread has;
-        then post the next head receive. Returns the message (None: taken already)."""
-        slot = self._slots[peer]
-        with slot.lock:
-            if slot.work is not work or slot.closed:
-                return None
+        then post the next head receive. False: the slot is closed (every peer left).
+        ``late``: found by the idle watcher's look, so it may have waited a while."""
+        with self._lock:
+            if self._work is not work:
+                return self._work is not None
             work.wait()  # done: re-raises its error
-            head = slot.buf
-            (n,) = _LEN.unpack(head[: _LEN.size].tobytes())
-            first = min(n, HEAD - _LEN.size)
-            data = head[_LEN.size : _LEN.size + first].tobytes()
-            if n > first:
-                tail = np.empty(n - first, np.uint8)
+            peer = work.source
+            assert peer is not None
+            head = self._buf
+            (n,) = _LEN.unpack_from(head.data)
+            data = head[_LEN.size : _LEN.size + min(n, _ROOM)].tobytes()
+            if n > _ROOM:
+                tail = np.empty(n - _ROOM, np.uint8)
                 irecv(tail, peer, _TAG_TAIL, self.group).wait()
                 data += tail.tobytes()
             obj = pickle.loads(data)
+            self.watched += watcher
             if obj == "bye":
-                slot.closed = True
-                self._deliver(peer, obj)
-                return _BYE
+                self._open.discard(peer)
             # deliver before posting the next receive: a thread that found the message
             # missing while holding the engine's lock then still sees this receive posted
-            self._deliver(peer, obj)
-            slot.buf = np.empty(HEAD, np.uint8)
-            slot.work = irecv(slot.buf, peer, _TAG_HEAD, self.group)
-            return obj
+            self._deliver(peer, obj, late)
+            if not self._open:
+                self._work = None
+                return False
+            self._work = irecv(head, None, _TAG_HEAD, self.group)
+            return True
 
-    def _listen(self, peer: int) -> None:
-        slot = self._slots[peer]
+    def watch(self) -> None:
+        """The engine wants messages at once now (``need()`` turned true)."""
+        self._nudge.set()
+
+    def _watch(self) -> None:
+        """Between cycles: wait for the next message without driving the transport."""
         while not self._stop.is_set():
+            work = self._work
+            if work is None:
+                return
             try:
-                work = slot.work
-                if work is None or slot.closed:
-                    return
-                work.wait()
-                if self._take(peer, work) is _BYE:
+                late = False
+                if self._need():
+                    done = _block(work, min(self.poll, _CHECK_S))
+                    if not done:
+                        self.check_peers()
+                else:
+                    self._nudge.wait(self.poll)
+                    self._nudge.clear()
+                    if self._stop.is_set():
+                        return
+                    done = late = False if self._need() else work.is_completed()
+                if done and not self._take(work, watcher=True, late=late):
                     return
             except (UnisonError, OSError, RuntimeError) as exc:
                 if not self._stop.is_set():
-                    self._on_error(peer, exc)
+                    with self._lock:
+                        peers = sorted(self._open)
+                    self._on_error(_culprit(exc, peers), exc)
                 return
 
     def close(self, say_bye: bool) -> None:
         if say_bye:
-            for peer in self.peers:
-                try:
-                    self.send(peer, "bye")
-                except Exception:
-                    pass
+            try:
+                self.send_all("bye")
+            except Exception:
+                pass
         self._stop.set()
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(0.5)
+        self._nudge.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(0.5)
+
+
+def _block(work: Work, timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``work`` to finish. A receive whose transport makes
+    progress on its own (shared memory's doorbell thread) is waited on without driving
+    the transport: a thread that runs a cycle meanwhile drives it alone."""
+    req = work.request
+    wait_event = getattr(req, "wait_event", None)
+    if wait_event is not None and not work.is_completed():
+        wait_event(timeout)
+    return work._wait_done(0 if wait_event is not None else timeout) or work.is_completed()
+
+
+def _culprit(exc: BaseException, peers: list[int]) -> int:
+    ranks = getattr(exc, "ranks", None) or ()
+    for r in ranks:
+        if r in peers:
+            return int(r)
+    return peers[0] if peers else -1

@@ -13,9 +13,16 @@ in the same order (:mod:`unison.torch.execute`).
 
 A cycle starts when there is new local work or a peer's message for it has
 arrived, so ranks that submit in different orders meet without polling. A rank
-with nothing of its own to offer answers a peer's cycle after a short linger
-(:data:`LINGER_S`) unless local work arrives first, so a rank that is a little
-behind joins the cycle with its tensor instead of an empty message.
+with work pending answers a peer's cycle at once. A rank with nothing of its own
+has nothing the peer could use: every pending operation needs it to submit, and
+its submission starts its own cycle, which pairs with the peer's. So it answers
+only for the stall inspector and liveness, within ``TorchEngine.idle_answer_s``
+(a third of the timeout, at most half the stall-check time), and a rank that is behind
+always joins the cycle with its tensor instead of an empty message -- whatever
+the machine's speed, with no timing constant. Between cycles one watcher thread
+waits on the peers' messages, without driving the transport, only while this rank
+has work pending (:mod:`unison.torch.channel`); otherwise it looks every
+``idle_answer_s``.
 
 The steady-state fast path: a blocking call (``hvd.allreduce`` ...) made while
 the engine is idle (nothing queued or pending, no cycle running) runs the cycle
@@ -45,12 +52,9 @@ from .settings import Settings
 from .stall import StallInspector
 from .timeline import Timeline
 
-__all__ = ["LINGER_S", "TorchEngine"]
+__all__ = ["TorchEngine"]
 
 log = logging.getLogger("unison.torch")
-
-#: how long a rank with no work of its own waits for some before answering a peer's cycle
-LINGER_S = 0.002
 
 
 class TorchEngine:
@@ -105,8 +109,17 @@ class TorchEngine:
         self._holders: dict[str, set[int]] = {}
         self.executor = Executor(data, ranks, self.me, settings, timeline)
         peers = [r for r in ranks if r != me_global]
+        self.idle_answer_s = settings.timeout / 3
+        if not settings.stall_check_disable:
+            self.idle_answer_s = min(self.idle_answer_s, settings.stall_check_time / 2)
         self.channel = NegotiationChannel(
-            ctl, me_global, peers, self._deliver, self._peer_error, settings.timeout
+            ctl,
+            me_global,
+            peers,
+            self._deliver,
+            self._peer_error,
+            self._has_work,
+            self.idle_answer_s,
         )
         self._thread = threading.Thread(target=self._loop, name="unison-hvd-engine", daemon=True)
         self._last_sent = time.monotonic()
@@ -152,6 +165,8 @@ class TorchEngine:
                     self._cv.notify_all()
                 elif (self._cycle + 1) in self._inbox:
                     self._cv.notify_all()
+                if self._has_work():
+                    self.channel.watch()
 
     def _admit(self, entry: Entry) -> None:
         name = entry.request.name
@@ -171,10 +186,6 @@ class TorchEngine:
     def cycles(self) -> int:
         """Negotiation cycles completed so far (progress, for waits without a fixed end)."""
         return self._cycle
-
-    def pending_names(self) -> list[str]:
-        with self._cv:
-            return list(self._pending) + [e.request.name for e in self._new]
 
     def missing_ranks(self, name: str) -> list[int] | None:
         """Global ranks of the set that have not submitted ``name`` (None: this rank does not
@@ -206,8 +217,10 @@ class TorchEngine:
             f"(submitted by ranks {[x for x in self.ranks if x not in missing]})"
         )
 
-    # --- messages from peers (listener threads) -----------------------------------------------
-    def _deliver(self, peer: int, msg: Any) -> None:
+    # --- messages from peers (cycle or watcher thread) ---------------------------------------
+    def _deliver(self, peer: int, msg: Any, late: bool = False) -> None:
+        """A peer's message; ``late``: the idle watcher found it on one of its looks, up to
+        ``idle_answer_s`` after it came, so the answer is due now."""
         r = self.ranks.index(peer)
         with self._cv:
             if msg == "ping":
@@ -216,7 +229,7 @@ class TorchEngine:
                 self._gone.add(r)
             elif msg[0] == "C":
                 if msg[1] not in self._inbox:
-                    self._arrived = time.monotonic()
+                    self._arrived = time.monotonic() - (self.idle_answer_s if late else 0.0)
                 self._inbox.setdefault(msg[1], {})[r] = msg
             # a running cycle waits on the receives itself (NegotiationChannel.pull) and
             # whoever ends it wakes the loop if more is wanted: only an idle loop needs the news
@@ -226,17 +239,24 @@ class TorchEngine:
     def _peer_error(self, peer: int, exc: BaseException) -> None:
         with self._cv:
             if self._error is None and not self._closing:
+                who = f"rank {peer}" if peer >= 0 else "the peers"
                 self._error = HorovodInternalError(
-                    f"lost contact with rank {peer}: {exc}", ranks=(peer,)
+                    f"lost contact with {who}: {exc}", ranks=(peer,) if peer >= 0 else ()
                 )
             self._cv.notify_all()
 
     # --- the loop ----------------------------------------------------------------------------
+    def _has_work(self) -> bool:
+        """Whether a peer's cycle message is wanted at once (read without the lock by
+        the watcher: a stale answer costs one look later, never a message)."""
+        return bool(self._pending or self._new or self._force or self.coord.busy)
+
     def _linger(self) -> float:
-        """Seconds to wait before answering a peer's cycle with nothing of our own (0: now)."""
-        if self._pending or self._force or self.coord.busy:
+        """Seconds to wait before answering a peer's cycle (0: now). With nothing of our
+        own, the peer cannot use our answer before we submit, and submitting answers."""
+        if self._has_work():
             return 0.0
-        return self._arrived + LINGER_S - time.monotonic()
+        return self._arrived + self.idle_answer_s - time.monotonic()
 
     def _wanted(self) -> bool:
         if self._running:
@@ -271,6 +291,8 @@ class TorchEngine:
                     with self._cv:
                         self._running = False
                         self._cv.notify_all()
+                        if self._has_work():
+                            self.channel.watch()
         except BaseException as exc:
             self._fail_all(exc)
 
@@ -336,7 +358,8 @@ class TorchEngine:
         force: dict[str, str] = {}
         if self._lead and self._force:
             force, self._force = self._force, {}
-        mine = ("C", k, ids_to_bits(ids), fresh, force, payload(entries))
+        parts = payload(entries) if self.size > 1 else {}  # a set of one reduces nothing
+        mine = ("C", k, ids_to_bits(ids), fresh, force, parts)
         self.channel.send_all(mine)
         self.counts["cycles"] += 1
         self.counts["control_sent"] += self.size - 1
@@ -387,6 +410,7 @@ class TorchEngine:
 
     def _gather(self, k: int) -> dict[int, Any]:
         deadline = time.monotonic() + self.settings.timeout
+        quiet = False
         while True:
             with self._cv:
                 got = self._inbox.get(k, {})
@@ -410,11 +434,14 @@ class TorchEngine:
                         f"not heard from ranks {missing}",
                         ranks=missing,
                     )
-                # wait on that peer's posted receive in this thread (no hand-off); taken
-                # under the lock: its message has not been delivered, so it lands there
-                peer = missing[0]
-                work = self.channel.posted(peer)
-            self.channel.pull(peer, work, min(left, 1.0))
+                # wait on the posted receive in this thread (no hand-off); taken under
+                # the lock: the missing messages have not been delivered, so they land there
+                work = self.channel.posted()
+                if quiet:  # a second without a message: is a peer lost?
+                    self.channel.check_peers()
+            before = len(got)
+            self.channel.pull(work, min(left, 1.0))
+            quiet = len(self._inbox.get(k, {})) == before
 
     def _execute(self, responses: list[Response], parts: list[dict[str, bytes]]) -> None:
         now = time.perf_counter()

@@ -48,6 +48,7 @@ _HEAD = 64
 _HALF_HEAD = 16
 _MASK = 0xFFFFFFFF
 _SLEEP_S = 0.005  # a sleeping waiter re-checks this often (bounds a lost wake-up)
+_CHECK_S = 0.001  # a waiter looks for failures elsewhere and its deadline this often
 
 _ALL_REDUCE, _BROADCAST, _ALL_GATHER, _REDUCE_SCATTER, _BARRIER = range(5)
 _NAMES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
@@ -102,9 +103,9 @@ class SeqSlots:
         self._sleepers = [ctypes.c_uint32.from_buffer(r, 4) for r in regions]
         self._addr = [ctypes.addressof(s) for s in self._seq]
         self._bytes = [np.frombuffer(r, np.uint8, need) for r in regions]
-        self._heads = [
-            [np.frombuffer(r, np.int64, 2, _HEAD + h * self._half) for h in (0, 1)] for r in regions
-        ]
+        #: each rank's two half headers as signed 64-bit words: [signature, caller's key]
+        offs = [_HEAD + h * self._half for h in (0, 1)]
+        self._heads = [[r[o : o + _HALF_HEAD].cast("q") for o in offs] for r in regions]
         self._k = self._seq[rank].value
         self._alive = alive
         if oversubscribed is None:
@@ -131,6 +132,44 @@ class SeqSlots:
         off = _HEAD + h * self._half + _HALF_HEAD
         return self._bytes[q][off : off + nbytes]
 
+    def views(self, h: int, off: int, count: int, dtype: np.dtype) -> list[np.ndarray]:
+        """Every rank's payload in half ``h`` from byte ``off``: ``count`` elements of
+        ``dtype`` (views into the shared regions, made once per shape)."""
+        key = (h, off, count, dtype)
+        srcs = self._views.get(key)
+        if srcs is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            nb = count * dtype.itemsize
+            if off + nb > self.slot_bytes:
+                raise InvalidArgumentError(
+                    f"{off + nb} bytes do not fit a {self.slot_bytes}-byte slot"
+                )
+            srcs = self._views[key] = [
+                self._payload(q, h, off + nb)[off:].view(dtype) for q in range(self.size)
+            ]
+        return srcs
+
+    def _write(self, h: int, data: np.ndarray | Sequence[np.ndarray]) -> None:
+        """This rank's bytes into its half ``h``: one array or blocks laid end to end."""
+        me = self.rank
+        if isinstance(data, np.ndarray):
+            if data.nbytes > self.slot_bytes:
+                raise InvalidArgumentError(
+                    f"{data.nbytes} bytes do not fit a {self.slot_bytes}-byte slot"
+                )
+            if data.nbytes:
+                self._payload(me, h, data.nbytes)[:] = data.reshape(-1).view(np.uint8)
+            return
+        total = sum(int(b.nbytes) for b in data)
+        if total > self.slot_bytes:
+            raise InvalidArgumentError(f"{total} bytes do not fit a {self.slot_bytes}-byte slot")
+        dst = self._payload(me, h, total)
+        at = 0
+        for b in data:
+            dst[at : at + b.nbytes] = b.reshape(-1).view(np.uint8)
+            at += b.nbytes
+
     def _exchange(
         self,
         data: np.ndarray | Sequence[np.ndarray] | None,
@@ -143,25 +182,15 @@ class SeqSlots:
         must agree; returns the half used."""
         k = (self._k + 1) & _MASK
         h = k & 1
+        if data is not None:
+            self._write(h, data)
+        self._sync(k, h, sig, timeout, key)
+        return h
+
+    def _sync(self, k: int, h: int, sig: int, timeout: float, key: int) -> None:
+        """Publish call ``k`` (this rank's payload already in half ``h``), wait for every
+        peer to publish it too, and compare every peer's signature words with ours."""
         me = self.rank
-        if isinstance(data, np.ndarray):
-            if data.nbytes > self.slot_bytes:
-                raise InvalidArgumentError(
-                    f"{data.nbytes} bytes do not fit a {self.slot_bytes}-byte slot"
-                )
-            if data.nbytes:
-                self._payload(me, h, data.nbytes)[:] = data.reshape(-1).view(np.uint8)
-        elif data is not None:
-            total = sum(int(b.nbytes) for b in data)
-            if total > self.slot_bytes:
-                raise InvalidArgumentError(
-                    f"{total} bytes do not fit a {self.slot_bytes}-byte slot"
-                )
-            dst = self._payload(me, h, total)
-            at = 0
-            for b in data:
-                dst[at : at + b.nbytes] = b.reshape(-1).view(np.uint8)
-                at += b.nbytes
         head = self._heads[me][h]
         head[0] = sig
         head[1] = key
@@ -169,66 +198,85 @@ class SeqSlots:
         if self._sleepers[me].value:
             self._sleepers[me].value = 0
             futex.wake(self._addr[me], 1 << 20)
-        self._wait(k, sig, timeout)
-        self._k = k
+        seqs = self._seq
         for q in self.peers:
-            theirs = self._heads[q][h]
-            if theirs[1] != key and self.watch is not None:
-                raise self.watch.mismatch(q, int(theirs[1]))
-            if theirs[0] != sig:
-                if self.watch is not None:
-                    raise self.watch.mismatch(q, int(theirs[1]))
-                raise MismatchError(
-                    f"rank {me}: {self._describe(sig)} but rank {q} called "
-                    f"{self._describe(int(self._heads[q][h][0]))}",
-                    op=_NAMES[sig >> 56],
-                    ranks=(q,),
-                )
-        return h
+            if (seqs[q].value - k) & _MASK > 1:
+                self._wait(k, sig, timeout)
+                break
+        self._k = k
+        heads = self._heads
+        for q in self.peers:
+            theirs = heads[q][h]
+            if theirs[0] != sig or theirs[1] != key:
+                self._disagree(q, theirs[0], theirs[1], sig, key)
+
+    def _disagree(self, q: int, their_sig: int, their_key: int, sig: int, key: int) -> None:
+        watch = self.watch
+        if watch is not None:
+            raise watch.mismatch(q, their_key)
+        if their_sig == sig:
+            return  # without a watch only the slot's own signature counts
+        raise MismatchError(
+            f"rank {self.rank}: {self._describe(sig)} but rank {q} called "
+            f"{self._describe(their_sig)}",
+            op=_NAMES[sig >> 56],
+            ranks=(q,),
+        )
 
     def _arrived(self, q: int, k: int) -> bool:
         return ((self._seq[q].value - k) & _MASK) <= 1
 
     def _wait(self, k: int, sig: int, timeout: float) -> None:
-        """Until every peer published ``k``: spin, yield, then sleep; deadline-bound."""
+        """Until every peer published ``k``: spin, yield, then sleep; deadline-bound.
+
+        Only waits that had to wait get here (and teach the policy): a call whose
+        peers had all arrived returns from :meth:`_sync` without reading the clock."""
         policy = self.policy
-        start = time.monotonic()
+        start = now = time.monotonic()
         deadline = start + timeout
         if self.patient:  # the caller expects a long wait: sleep at once, learn nothing
             spin_end = yield_end = start
         else:
             spin_end = start + policy.spin_s
             yield_end = spin_end + policy.yield_s
+        check_at = start + _CHECK_S
+        yields = policy.yields
         blocked = False
         for q in self.peers:  # all must arrive: wait for each in turn
             seq = self._seq[q]
             n = 0
             while (seq.value - k) & _MASK > 1:
                 n += 1
-                if n & 7 and n < 64:  # a few cheap polls between clock reads
+                if now < spin_end:
+                    if n & 7 == 0:  # a few cheap polls between clock reads
+                        now = time.monotonic()
                     continue
                 now = time.monotonic()
-                if now < spin_end:
-                    continue
-                watch = self.watch
-                if watch is not None:
-                    watch.check()
-                if now >= deadline:
-                    self._late(k, sig, timeout, None)
-                if self._alive is not None:
-                    gone = self._alive()
-                    if gone is not None:
-                        self._late(k, sig, timeout, gone)
-                if now < yield_end:
+                if now >= check_at:  # failures elsewhere, the deadline: now and then
+                    check_at = now + _CHECK_S
+                    self._check(k, sig, timeout, now >= deadline)
+                if now < yield_end and yields > 0:
+                    yields -= 1
                     os.sched_yield()
                     continue
                 blocked = True  # sleep until this peer publishes (or a bounded re-check)
                 seen = seq.value
                 self._sleepers[q].value = 1
                 if (seen - k) & _MASK > 1:
-                    futex.wait(self._addr[q], seen, min(_SLEEP_S, deadline - now))
+                    futex.wait(self._addr[q], seen, min(_SLEEP_S, max(deadline - now, 1e-4)))
         if not self.patient:
             policy.observe(time.monotonic() - start, blocked)
+
+    def _check(self, k: int, sig: int, timeout: float, late: bool) -> None:
+        watch = self.watch
+        if watch is not None:
+            watch.check()
+        if late:
+            self._late(k, sig, timeout, None)
+        if self._alive is not None:
+            gone = self._alive()
+            if gone is not None:
+                self._late(k, sig, timeout, gone)
 
     def _late(self, k: int, sig: int, timeout: float, gone: str | None) -> None:
         pending = [q for q in self.peers if not self._arrived(q, k)]
@@ -255,21 +303,11 @@ class SeqSlots:
             raise InvalidArgumentError(f"unsupported buffer {arr.dtype} (contiguous numpy)")
         return dt
 
-    def _reduce(
-        self, h: int, off: int, count: int, op: ReduceOp, dt: DType, out: np.ndarray
-    ) -> None:
+    def _combine(self, srcs: list[np.ndarray], op: ReduceOp, dt: DType, out: np.ndarray) -> None:
+        """``out`` = every rank's block reduced in rank order (the same bytes on every rank)."""
         kern = self._kernels.get((op, dt))
         if kern is None:
             kern = self._kernels[(op, dt)] = kernel(op, dt)
-        key = (h, off, count, out.dtype)
-        srcs = self._views.get(key)
-        if srcs is None:  # views of the peers' slots, made once per shape
-            if len(self._views) > 256:
-                self._views.clear()
-            nb = count * out.itemsize
-            srcs = self._views[key] = [
-                self._payload(q, h, off + nb)[off:].view(out.dtype) for q in range(self.size)
-            ]
         if self.size == 1:
             out[:] = srcs[0]
         else:
@@ -289,15 +327,32 @@ class SeqSlots:
     ) -> None:
         """``dtype``: what ``arr``'s storage holds (e.g. bfloat16 in uint16), if not its own."""
         dt = dtype or self._dtype(arr)
-        h = self._exchange(arr, _sig(_ALL_REDUCE, op, dt, arr.nbytes, 0), timeout, key)
-        self._reduce(h, 0, arr.size, op, dt, arr.reshape(-1))
+        flat = arr.reshape(-1)
+        k = (self._k + 1) & _MASK
+        h = k & 1
+        srcs = self.views(h, 0, flat.size, flat.dtype)
+        srcs[self.rank][:] = flat
+        self._sync(k, h, _sig(_ALL_REDUCE, op, dt, flat.nbytes, 0), timeout, key)
+        self._combine(srcs, op, dt, flat)
 
-    def broadcast(self, arr: np.ndarray, root: int, timeout: float = 300.0, key: int = 0) -> None:
-        dt = self._dtype(arr)
-        mine = arr if self.rank == root else None
-        h = self._exchange(mine, _sig(_BROADCAST, 0, dt, arr.nbytes, root), timeout, key)
+    def broadcast(
+        self,
+        arr: np.ndarray,
+        root: int,
+        timeout: float = 300.0,
+        key: int = 0,
+        dtype: DType | None = None,
+    ) -> None:
+        dt = dtype or self._dtype(arr)
+        flat = arr.reshape(-1)
+        k = (self._k + 1) & _MASK
+        h = k & 1
+        srcs = self.views(h, 0, flat.size, flat.dtype)
+        if self.rank == root:
+            srcs[root][:] = flat
+        self._sync(k, h, _sig(_BROADCAST, 0, dt, flat.nbytes, root), timeout, key)
         if self.rank != root:
-            arr.reshape(-1).view(np.uint8)[:] = self._payload(root, h, arr.nbytes)
+            flat[:] = srcs[root]
 
     def all_gather(
         self,
@@ -305,20 +360,24 @@ class SeqSlots:
         out: np.ndarray | Sequence[np.ndarray],
         timeout: float = 300.0,
         key: int = 0,
+        dtype: DType | None = None,
     ) -> None:
         """``out``: one array of size × input elements, or one block per rank."""
-        dt = self._dtype(inp)
-        nb = inp.nbytes
+        dt = dtype or self._dtype(inp)
+        flat = inp.reshape(-1)
         if isinstance(out, np.ndarray):
             if out.size != inp.size * self.size or out.dtype != inp.dtype:
                 raise InvalidArgumentError("all_gather: output must hold size × input elements")
-            flat = out.reshape(-1).view(np.uint8)
-            blocks = [flat[q * nb : (q + 1) * nb] for q in range(self.size)]
+        k = (self._k + 1) & _MASK
+        h = k & 1
+        srcs = self.views(h, 0, flat.size, flat.dtype)
+        srcs[self.rank][:] = flat
+        self._sync(k, h, _sig(_ALL_GATHER, 0, dt, flat.nbytes, 0), timeout, key)
+        if isinstance(out, np.ndarray):
+            np.concatenate(srcs, out=out.reshape(-1))
         else:
-            blocks = [b.reshape(-1).view(np.uint8) for b in out]
-        h = self._exchange(inp, _sig(_ALL_GATHER, 0, dt, nb, 0), timeout, key)
-        for q in range(self.size):
-            blocks[q][:] = self._payload(q, h, nb)
+            for q in range(self.size):
+                out[q].reshape(-1)[:] = srcs[q]
 
     def reduce_scatter(
         self,
@@ -335,9 +394,15 @@ class SeqSlots:
             inp.size != out.size * self.size or out.dtype != inp.dtype
         ):
             raise InvalidArgumentError("reduce_scatter: input must hold size × output elements")
-        sig = _sig(_REDUCE_SCATTER, op, dt, out.nbytes * self.size, 0)
-        h = self._exchange(inp, sig, timeout, key)
-        self._reduce(h, self.rank * out.nbytes, out.size, op, dt, out.reshape(-1))
+        flat = out.reshape(-1)
+        sig = _sig(_REDUCE_SCATTER, op, dt, flat.nbytes * self.size, 0)
+        k = (self._k + 1) & _MASK
+        h = k & 1
+        self._write(h, inp)
+        self._sync(k, h, sig, timeout, key)
+        srcs = self.views(h, self.rank * flat.nbytes, flat.size, flat.dtype)
+        self._combine(srcs, op, dt, flat)
 
     def barrier(self, timeout: float = 300.0, key: int = 0) -> None:
-        self._exchange(None, _sig(_BARRIER, 0, 0, 0, 0), timeout, key)
+        k = (self._k + 1) & _MASK
+        self._sync(k, k & 1, _sig(_BARRIER, 0, 0, 0, 0), timeout, key)

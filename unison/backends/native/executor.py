@@ -26,6 +26,8 @@ from .desync import ROOTED, Confirmation, foreign_frame_error
 from .ordered import OrderedQueue
 
 if TYPE_CHECKING:
+    from ...transport.seqslot import SeqSlots
+    from .lane import Lane
     from .runtime import Runtime
 
 __all__ = ["Executor"]
@@ -50,6 +52,10 @@ class Executor:
         self._early_aborts: dict[int, BaseException] = {}
         self._notices: dict[int, dict[int, list[int]]] = {}  # seq -> {rank: waiting for}
         self._notice_cv = threading.Condition(self._lock)
+        #: the group's small-message slots (members of a one-host job), else None
+        self.slots: SeqSlots | None = None
+        #: the blocking small-collective fast path over ``slots`` (see :mod:`.lane`)
+        self.lane: Lane | None = None
 
     def sig(
         self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
@@ -92,20 +98,7 @@ class Executor:
         work: Work,
     ) -> None:
         cfg = self.rt.config
-        ctx = OpContext(
-            self.rt.router,
-            op=op,
-            group_id=self.id,
-            seq=seq,
-            ranks=self.ranks,
-            rank=me,
-            sig=sig,
-            deadline=time.monotonic() + cfg.timeout,
-            timeout=cfg.timeout,
-            segment_bytes=cfg.segment_bytes,
-            topo=self.topo,
-        )
-        ctx.diagnose = self._diagnose_timeout
+        ctx = self.context(seq, me, op, sig, time.monotonic() + cfg.timeout)
         with self._lock:
             early = self._broken_error(ctx) or self._early_aborts.pop(seq, None)
             if early is None:
@@ -121,10 +114,10 @@ class Executor:
             if op in ROOTED and cfg.check_mismatch and self.size > 1 and not ctx.all_pairs_checked:
                 Confirmation(ctx, self._check_context(ctx)).finish()
         except CommunicationError as exc:
-            self._fail(ctx, exc)
+            self.fail(ctx, exc)
             work._finish(error=exc)
         except BaseException as exc:
-            self._fail(ctx, CommunicationError(f"{ctx.name} failed locally: {exc!r}"))
+            self.fail(ctx, CommunicationError(f"{ctx.name} failed locally: {exc!r}"))
             work._finish(error=exc)
         else:
             work._finish(result)
@@ -133,6 +126,25 @@ class Executor:
                 self._inflight.pop(seq, None)
                 self._notices.pop(seq, None)
                 self._done = max(self._done, seq)
+
+    def context(self, seq: int, me: int, op: OpCode, sig: OpSig, deadline: float) -> OpContext:
+        """Operation ``seq``'s context (the lane builds one only when its call fails)."""
+        cfg = self.rt.config
+        ctx = OpContext(
+            self.rt.router,
+            op=op,
+            group_id=self.id,
+            seq=seq,
+            ranks=self.ranks,
+            rank=me,
+            sig=sig,
+            deadline=deadline,
+            timeout=cfg.timeout,
+            segment_bytes=cfg.segment_bytes,
+            topo=self.topo,
+        )
+        ctx.diagnose = self._diagnose_timeout
+        return ctx
 
     def _check_context(self, ctx: OpContext) -> OpContext:
         """A context for the signature confirmation, aborted whenever ``ctx`` is."""
@@ -170,7 +182,7 @@ class Executor:
             ranks=getattr(broken, "ranks", ()),
         )
 
-    def _fail(self, ctx: OpContext, exc: BaseException) -> None:
+    def fail(self, ctx: OpContext, exc: BaseException) -> None:
         self.group.mark_broken(exc)
         ctx.finish()
         self.rt.forget(self.id, ctx.seq)
@@ -252,7 +264,12 @@ class Executor:
         """A frame for operation ``seq`` arrived unasked; if it is another op, fail now."""
         with self._lock:
             ctx = self._inflight.get(seq)
-        if ctx is None or not self.rt.config.check_mismatch:
+        if not self.rt.config.check_mismatch:
+            return
+        if ctx is None:
+            lane = self.lane
+            if lane is not None and lane.seq == seq:  # the lane's call has no context
+                lane.foreign.append((peer, sig))
             return
         err = foreign_frame_error(ctx, peer, sig)
         if err is not None:

@@ -50,12 +50,15 @@ from ...transport.shm_ring import Ring
 from ...transport.shm_segment import Segment, plan
 from ...transport.tcp import TcpTransport
 
-__all__ = ["RING_BYTES", "Fabric"]
+__all__ = ["GROUP_SLOTS", "RING_BYTES", "Fabric"]
 
 log = get_logger("fabric")
 
 #: bytes of each shared-memory ring (one per ordered pair of same-host ranks)
 RING_BYTES = 1 << 19
+#: small-message slot regions per rank: one for the world (group 0) and one for each of
+#: the first sub-groups (ids 1 .. GROUP_SLOTS - 1); later groups take the general path
+GROUP_SLOTS = 8
 _FABRIC_GROUP = 0xFFFFFFFF  # group id of the fabric's own set-up messages
 _HELLO, _ACK, _SUMMARY = 1, 2, 3
 _MSG = 2048
@@ -151,7 +154,7 @@ class Fabric:
         slot_bytes = shm_arena.SLOT_BYTES  # read at set-up: tests shrink it
         small = self.config.small_bytes
         small_off = (slot_bytes + 63) // 64 * 64  # after the arena's slot
-        small_len = region_bytes(small) if small > 0 else 0
+        small_len = region_bytes(small) * GROUP_SLOTS if small > 0 else 0
         layout = plan(local, RING_BYTES, small_off + small_len)
         if want:
             try:
@@ -232,7 +235,8 @@ class Fabric:
             self.arena = Arena(self.rank, self._slots, len(self._slots[self.rank]))
             small = self.config.small_bytes
             if small > 0 and len(self._small) == len(peers) + 1:
-                regions = [self._small[r] for r in range(len(peers) + 1)]
+                nb = region_bytes(small)
+                regions = [self._small[r][:nb] for r in range(len(peers) + 1)]
                 self.seqslots = SeqSlots(self.rank, regions, small)
         if log.isEnabledFor(10):  # DEBUG: the choice table every rank computes alike
             from ...algorithms.select import table
@@ -244,6 +248,28 @@ class Fabric:
             {p: t.name for p, t in self.route.items()},
             self._shared_job,
             sorted(self.cma_pids),
+        )
+
+    def group_slots(self, gid: int, ranks: Sequence[int]) -> SeqSlots | None:
+        """The small-message slots of group ``gid`` (global ``ranks``, sorted) for a
+        member, or None: the same answer on every member (the job has slots, the id has
+        a region), so all of them take the slots for the same calls."""
+        world = self.seqslots
+        small = self.config.small_bytes
+        if len(ranks) == 1 and ranks[0] == self.rank and small > 0:
+            # a group of one: a private region; every call is a local copy or a no-op
+            return SeqSlots(0, [memoryview(bytearray(region_bytes(small)))], small)
+        if world is None or self.rank not in ranks or gid >= GROUP_SLOTS:
+            return None
+        if gid == 0:
+            return world
+        nb = region_bytes(world.slot_bytes)
+        regions = [self._small[r][gid * nb : (gid + 1) * nb] for r in ranks]
+        return SeqSlots(
+            list(ranks).index(self.rank),
+            regions,
+            world.slot_bytes,
+            oversubscribed=world.policy.oversubscribed,  # the host's ranks, not the group's
         )
 
     def link(self) -> Link:

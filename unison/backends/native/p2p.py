@@ -66,7 +66,9 @@ def request_work(
         )
         return True
 
-    return Work(name, progress=progress, result=result)
+    work = Work(name, progress=progress, result=result)
+    work.request = req
+    return work
 
 
 def _key(ex: Executor, tag: int) -> tuple[int, int, int, int]:

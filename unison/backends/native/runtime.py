@@ -31,6 +31,7 @@ from ...transport.framing import OpSig
 from .backend import NativeBackend
 from .executor import Executor
 from .fabric import Fabric
+from .lane import Lane
 from .small import arena_sync
 
 __all__ = ["Runtime"]
@@ -183,6 +184,10 @@ class Runtime:
                 return ex.group
             g = Group(gid, members, self.rank, self.config, self.backend)
             ex = Executor(self, g, self._topology(g.ranks, world=gid == 0))
+            ex.slots = self.fabric.group_slots(gid, g.ranks)
+            if ex.slots is not None and not self.overrides:
+                # forced algorithms run at every size: no slots for them (see small.py)
+                ex.lane = g.lane = Lane(self, ex, ex.slots)
             # reachable by transport events from now on; deliver aborts that came early
             self.executors[gid] = ex
             parked = self._parked.pop(gid, [])

@@ -1,19 +1,23 @@
-"""Small world collectives over the shared slots (:mod:`unison.transport.seqslot`).
+"""Small collectives over the shared slots (:mod:`unison.transport.seqslot`).
 
-When every rank of the job shares one host, a world collective whose payload fits a
-slot (``UNISON_SMALL_BYTES``, 4 KiB by default) skips the algorithms, requests,
-framing and matching: each rank publishes its bytes and signature in its slot and
-reads its peers'. It still runs as a numbered operation of the group's ordered
+When every rank of the job shares one host, a collective of the world or of one of the
+first sub-groups (:data:`~.fabric.GROUP_SLOTS`) whose payload fits a slot
+(``UNISON_SMALL_BYTES``, 4 KiB by default) skips the algorithms, requests, framing
+and matching: each rank publishes its bytes and signature in its slot and reads its
+peers'. It still runs as a numbered operation of the group's ordered
 engine, so failures take the usual way: an abort or a lost peer reaches the
 waiting rank through its :class:`OpContext`, a disagreeing signature is a
 :class:`MismatchError` on every rank, a silent peer a
 :class:`CollectiveTimeoutError` naming it, and the group's ABORT spreads either.
 
 Every rank picks this path for the same calls: the choice depends on the group
-(the world), the payload size (part of the signature every rank must agree on)
+(its id, below GROUP_SLOTS), the payload size (part of the signature every rank must agree on)
 and whether the job has the slots (agreed by the fabric), never on local timing.
 If ranks disagree on size across the threshold, the general-path rank's frame
 reaches the slot rank as a foreign frame and both fail with the mismatch.
+
+A blocking call with nothing else in flight skips even the numbered-operation
+machinery: :mod:`.lane` runs it on the same slots in the caller's thread.
 """
 
 from __future__ import annotations
@@ -41,13 +45,13 @@ _B8, _B16, _B32 = 0xFF, 0xFFFF, 0xFFFFFFFF
 
 
 def slots_for(rt: Runtime, comm: Group, nbytes: int) -> SeqSlots | None:
-    """The world's slots when this call may use them (the same answer on every rank).
+    """The group's slots when this call may use them (the same answer on every rank).
 
     Never when ``UNISON_ALGO`` forces an algorithm: a forced algorithm runs (or is
     refused as ineligible) at every size, so the slots do not bypass it."""
-    if comm.id != 0 or rt.overrides:
+    if rt.overrides:
         return None
-    slots = rt.fabric.seqslots
+    slots = rt.executors[comm.id].slots
     if slots is None or nbytes > slots.slot_bytes:
         return None
     return slots

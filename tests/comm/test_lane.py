@@ -1,0 +1,239 @@
+"""The blocking small-collective lane (unison/backends/native/lane.py).
+
+One job per transport checks every small collective three ways against the numpy
+oracle: blocking (the lane, on shared memory), ``async_op=True`` (the executor's
+slot path) and on a group past the slot regions (the general algorithms): the
+lane must give the same bytes as both, for every op and dtype, and must run no
+Work at all. Its failures: ranks that disagree (op, dtype, count, root; also with
+a peer on the general path) get a MismatchError on every rank, a silent peer a
+CollectiveTimeoutError naming it; a dead peer is covered by
+tests/transport/test_seqslot.py (the world's blocking all_reduce takes the lane).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import unison as un
+from unison import ReduceOp
+from unison.backends.native.executor import Executor
+from unison.backends.native.fabric import GROUP_SLOTS
+from unison.buffers import check_op, from_numpy
+from unison.errors import UnisonError
+from unison.testing import reduce_oracle, spawn
+from unison.world import current
+
+pytestmark = pytest.mark.timeout(180)
+
+DTYPES = (np.float32, np.float64, np.float16, np.int32, np.int64, np.int8, np.uint8, np.bool_)
+
+
+def _ok(op: ReduceOp, dtype: type) -> bool:
+    dt = from_numpy(np.dtype(dtype))
+    assert dt is not None
+    try:
+        check_op(op, dt)
+    except UnisonError:
+        return False
+    return True
+
+
+def _inp(case: int, q: int, n: int, dtype: type, exact: bool) -> np.ndarray:
+    """Rank ``q``'s input; ``exact``: small values every reduction order agrees on."""
+    rng = np.random.default_rng([case, q])
+    if dtype is np.bool_:
+        return rng.random(n) < 0.5
+    if exact or not np.issubdtype(dtype, np.floating):
+        return rng.integers(1, 4, n).astype(dtype)
+    return rng.standard_normal(n).astype(dtype)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def _three_ways() -> list[str]:
+    r, p = un.rank(), un.size()
+    rt = current()
+    groups = [un.new_group(range(p)) for _ in range(GROUP_SLOTS)]
+    general = groups[-1]  # id GROUP_SLOTS: no slot region, the general algorithms
+    assert general.id >= GROUP_SLOTS
+    shared = rt.executors[0].slots is not None  # type: ignore[attr-defined]
+    submitted = []
+    real_submit = Executor.submit
+
+    def counting(self: Executor, *a: object) -> object:
+        submitted.append(self.id)
+        return real_submit(self, *a)
+
+    Executor.submit = counting  # type: ignore[method-assign]
+    bad: list[str] = []
+    case = 0
+    calls = [0]
+
+    def three(what: str, run: object, make: object, exact: bool) -> None:
+        """run(bufs, group, async_op) on fresh buffers three ways; compare bytes."""
+        calls[0] += 1
+        outs = []
+        for group, async_op in ((None, False), (None, True), (general, False)):
+            bufs = make()  # type: ignore[operator]
+            w = run(bufs, group, async_op)  # type: ignore[operator]
+            if w is not None:
+                w.wait()
+            outs.append(bufs[0])
+        lane, slot_path, algo = outs
+        if not _same(lane, slot_path):
+            bad.append(f"{what}: lane and async slot path differ")
+        if exact and not _same(lane, algo):
+            bad.append(f"{what}: lane and general path differ")
+        if not exact and not np.allclose(lane, algo, rtol=1e-2, atol=1e-2):
+            bad.append(f"{what}: lane and general path disagree")
+        outs_oracle.append((what, lane))
+
+    for dtype in DTYPES:
+        for n in (1, 3, 1000 // np.dtype(dtype).itemsize):
+            for op in ReduceOp:
+                if not _ok(op, dtype):
+                    continue
+                case += 1
+                ins = [_inp(case, q, n, dtype, op is ReduceOp.PRODUCT) for q in range(p)]
+                want = reduce_oracle(ins, op)
+                exact = op not in (ReduceOp.SUM, ReduceOp.AVG) or not np.issubdtype(
+                    dtype, np.floating
+                )
+                outs_oracle: list[tuple[str, np.ndarray]] = []
+                three(
+                    f"all_reduce {op.name} {np.dtype(dtype)} n={n}",
+                    lambda b, g, a, op=op: un.all_reduce(b[0], op=op, group=g, async_op=a),
+                    lambda ins=ins: [ins[r].copy()],
+                    exact,
+                )
+                rs = [_inp(case + 7, q, n * p, dtype, op is ReduceOp.PRODUCT) for q in range(p)]
+                three(
+                    f"reduce_scatter {op.name} {np.dtype(dtype)} n={n}",
+                    lambda b, g, a, op=op: un.reduce_scatter_tensor(
+                        b[0], b[1], op=op, group=g, async_op=a
+                    ),
+                    lambda rs=rs, n=n, dtype=dtype: [np.empty(n, dtype), rs[r]],
+                    exact,
+                )
+                (_, got), (_, got_rs) = outs_oracle
+                if op is ReduceOp.AVG and np.issubdtype(dtype, np.floating):
+                    ok = np.allclose(got, want, rtol=1e-2, atol=1e-2)
+                else:
+                    ok = np.array_equal(got, want)
+                    ok = ok and np.array_equal(got_rs, reduce_oracle(rs, op)[r * n : (r + 1) * n])
+                if not ok:
+                    bad.append(f"{op.name} {np.dtype(dtype)} n={n}: not the oracle's result")
+            case += 1
+            ins = [_inp(case, q, n, dtype, False) for q in range(p)]
+            outs_oracle = []
+            for root in range(p):
+                three(
+                    f"broadcast root={root} {np.dtype(dtype)} n={n}",
+                    lambda b, g, a, root=root: un.broadcast(b[0], root, group=g, async_op=a),
+                    lambda ins=ins, root=root: [
+                        ins[r].copy() if r == root else np.zeros_like(ins[r])
+                    ],
+                    True,
+                )
+            three(
+                f"all_gather {np.dtype(dtype)} n={n}",
+                lambda b, g, a: un.all_gather_into_tensor(b[0], b[1], group=g, async_op=a),
+                lambda ins=ins, n=n, dtype=dtype: [np.empty(n * p, dtype), ins[r]],
+                True,
+            )
+            for root in range(p):
+                if not _same(outs_oracle[root][1], ins[root]):
+                    bad.append(f"broadcast root={root} {np.dtype(dtype)}: not rank {root}'s data")
+            if not _same(outs_oracle[p][1], np.concatenate(ins)):
+                bad.append(f"all_gather {np.dtype(dtype)} n={n}: not every rank's data")
+    Executor.submit = real_submit  # type: ignore[method-assign]
+    # on shared memory the blocking world calls ran no Work (only the async ones were
+    # submitted); on TCP there are no slots and every call was
+    world = submitted.count(0)
+    if world != (calls[0] if shared else 2 * calls[0]):
+        bad.append(f"{world} world submissions for {calls[0]} blocking + async pairs")
+    if submitted.count(general.id) != calls[0]:
+        bad.append("the general group's calls did not all go through its executor")
+    Executor.submit = counting  # type: ignore[method-assign]
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:  # torch CPU tensors (bfloat16 too) take the lane after validation
+        for tdt in (torch.float32, torch.bfloat16, torch.int64):
+            t = torch.arange(5, dtype=tdt) + r
+            before = len(submitted)
+            un.all_reduce(t)
+            want = sum(torch.arange(5, dtype=tdt) + q for q in range(p))
+            if not torch.equal(t, want):
+                bad.append(f"torch {tdt} all_reduce: {t} != {want}")
+            if shared == (len(submitted) != before):
+                bad.append(f"torch {tdt} all_reduce: lane taken: {len(submitted) == before}")
+    Executor.submit = real_submit  # type: ignore[method-assign]
+    # a sub-group with a slot region takes the lane too
+    x = np.full(3, r + 1, np.int64)
+    before = len(submitted)
+    Executor.submit = counting  # type: ignore[method-assign]
+    un.all_reduce(x, group=groups[1])
+    Executor.submit = real_submit  # type: ignore[method-assign]
+    if not np.array_equal(x, np.full(3, p * (p + 1) // 2)):
+        bad.append("sub-group all_reduce")
+    if shared and len(submitted) != before:
+        bad.append("the sub-group's blocking all_reduce did not take the lane")
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("transport", "np_"),
+    [("auto", 3), ("tcp", 2)],
+)
+def test_lane_matches_slot_path_general_path_and_oracle(transport: str, np_: int) -> None:
+    env = {"UNISON_TRANSPORT": transport, "UNISON_TIMEOUT": "60"}
+    for bad in spawn(_three_ways, np_, env=env, timeout=170):
+        assert bad == []
+
+
+def _mismatches() -> list[str]:
+    """Each disagreement on its own group (a failed group refuses later calls)."""
+    r, p = un.rank(), un.size()
+    f32 = np.float32
+    cases = {
+        "count": lambda g: un.all_reduce(np.ones(2 + (r == 1), f32), group=g),
+        "dtype": lambda g: un.all_reduce(np.ones(2, f32 if r else np.int32), group=g),
+        "reduce op": lambda g: un.all_reduce(
+            np.ones(2, f32), op=ReduceOp.MAX if r == 2 else ReduceOp.SUM, group=g
+        ),
+        "collective": lambda g: (
+            un.all_reduce(np.ones(2, f32), group=g) if r else un.broadcast(np.ones(2, f32), 0, g)
+        ),
+        "root": lambda g: un.broadcast(np.ones(2, f32), src=1 if r == 1 else 0, group=g),
+        # rank 0's 16 KiB take the general path (frames), the others' 8 B the lane
+        "path": lambda g: un.all_reduce(np.ones(4096 if r == 0 else 2, f32), group=g),
+    }
+    groups = [un.new_group(range(p)) for _ in cases]
+    assert groups[-1].id < GROUP_SLOTS
+    bad = []
+    for (name, fn), g in zip(cases.items(), groups, strict=True):
+        try:
+            fn(g)
+            bad.append(f"{name}: no error on rank {r}")
+        except un.MismatchError as exc:
+            if "mismatch" not in str(exc) or not any(f"rank {q}" in str(exc) for q in range(p)):
+                bad.append(f"{name}: unclear error on rank {r}: {exc}")
+        except un.CommunicationError as exc:
+            bad.append(f"{name}: rank {r} got {type(exc).__name__}: {exc}")
+        with pytest.raises(un.CommunicationError):
+            un.barrier(group=g)  # the group is broken now: refused, never hung
+    x = np.ones(2, f32)
+    un.all_reduce(x)  # the world was not involved: it still works
+    if not np.array_equal(x, np.full(2, p, f32)):
+        bad.append("world all_reduce after the mismatches")
+    return bad
+
+
+def test_lane_mismatches_fail_every_rank_with_a_mismatch_error() -> None:
+    for bad in spawn(_mismatches, 3, env={"UNISON_TIMEOUT": "30"}, timeout=120):
+        assert bad == []
