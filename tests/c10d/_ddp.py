@@ -73,12 +73,47 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "hook_allreduce": {"hook": "allreduce"},
     "hook_fp16": {"hook": "fp16"},
     "join": {"join": True},
+    # DDP's join hook all-reduces the joined rank's used-parameter map through
+    # ``process_group.allreduce(tensor)``, the C++ group's single-tensor form
+    "join_unused": {"join": True, "find_unused_parameters": True},
 }
+
+
+def _pg_forms(rank: int) -> dict[str, np.ndarray]:
+    """The Python forms of torch's ProcessGroup methods, called on the group itself:
+    allreduce (tensor), (tensor, op), ([tensors], op), ([tensors], opts); reduce
+    (tensor, root, op); broadcast (tensor, root)."""
+    pg = dist.distributed_c10d._get_default_group()
+    base = torch.tensor([3.0, -1.0, 7.0, 2.0]) * (rank + 1) + rank
+    out = {}
+    t = base.clone()
+    pg.allreduce(t).wait()
+    out["tensor"] = t
+    t = base.clone()
+    pg.allreduce(t, dist.ReduceOp.MAX).wait()
+    out["tensor_op"] = t
+    ts = [base.clone()]
+    pg.allreduce(ts, dist.ReduceOp.MIN).wait()
+    out["list_op"] = ts[0]
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.PRODUCT
+    ts = [base.to(torch.int64)]
+    pg.allreduce(ts, opts).wait()
+    out["list_opts"] = ts[0]
+    t = base.clone()  # reduce(tensor, root, op) to rank 0, then broadcast(tensor, root) from it
+    pg.reduce(t, 0, dist.ReduceOp.MAX).wait()
+    pg.broadcast(t, 0).wait()
+    out["reduce_broadcast"] = t
+    t = base.clone()
+    pg.broadcast(t, 1).wait()
+    out["broadcast_root1"] = t
+    return {k: v.numpy().copy() for k, v in out.items()}
 
 
 def ddp_job(backend: str) -> dict[str, dict[str, np.ndarray]]:
     rank, _size = init(backend)
     out = {name: _train(rank, cfg) for name, cfg in CONFIGS.items()}
+    out["pg_forms"] = _pg_forms(rank)
     dist.barrier()
     dist.destroy_process_group()
     return out

@@ -8,6 +8,9 @@ Every torch.distributed call on CPU tensors of a group created with the backend
 ``"unison"`` runs on unison's transports (shared memory between ranks of a host,
 TCP between hosts) and algorithms. ``DistributedDataParallel``, its communication
 hooks, ``torch.distributed.checkpoint`` and the object collectives work unchanged.
+Under ``mpirun`` and Slurm's ``srun``, torch's default ``env://`` rendezvous gets the
+variables torchrun would export (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT`` ...) from the launcher's own, where absent.
 See docs/torch-distributed.md.
 """
 
@@ -17,6 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ._launchers import install as _install_env_rendezvous
 from ._monitored import monitored_barrier
 from ._pg import UnisonProcessGroup
 from ._rendezvous import communicator, join
@@ -50,6 +54,9 @@ def _create(opts: Any, pg_options: Any = None) -> UnisonProcessGroup:
     pg._set_group_name(opts.group_id)
     return pg
 
+
+# env:// under mpirun/Slurm: the torchrun variables they do not set (see _launchers)
+_install_env_rendezvous()
 
 if BACKEND.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

@@ -100,6 +100,11 @@ def _direct(t: torch.Tensor) -> bool:
     return t.is_cpu and t.dtype is not torch.bfloat16 and t.is_contiguous()
 
 
+def _listed(tensors: Any) -> list[torch.Tensor]:
+    """torch's single-tensor call forms take a tensor where the options form takes a list."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
 def _async(opts: Any) -> bool:
     """Whether torch will hand the Work back to the user (``async_op=True``, and every
     call from C++ such as DDP's); a blocking Python call runs inline, without a hand-off
@@ -178,9 +183,15 @@ class UnisonProcessGroup(dist.ProcessGroup):
             raise translate(exc) from None
 
     # --- collectives --------------------------------------------------------------------
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork | DoneWork:
+    def broadcast(
+        self, tensors: list[torch.Tensor], opts: Any, timeout: Any = None
+    ) -> UnisonWork | DoneWork:
+        try:
+            root_rank = opts.rootRank
+        except AttributeError:  # torch's (tensor, root) form
+            root_rank, tensors, opts = int(opts), _listed(tensors), None
         if len(tensors) == 1 and _direct(tensors[0]):
-            root = self._global(opts.rootRank, "broadcast")
+            root = self._global(root_rank, "broadcast")
             try:
                 part = _c.broadcast(self._comm, tensors[0], root, _async(opts))
             except Exception as exc:
@@ -188,18 +199,30 @@ class UnisonProcessGroup(dist.ProcessGroup):
             if part is None:
                 return done_work("broadcast", tensors)
             return UnisonWork(self._label("broadcast"), [part], tensors)
-        st, root = _Stage(), self._global(opts.rootRank, "broadcast")
+        st, root = _Stage(), self._global(root_rank, "broadcast")
         bufs = [st(t) for t in tensors]
         parts = [self._start(_c.broadcast, self._comm, b, root, _async(opts)) for b in bufs]
         return self._work("broadcast", parts, tensors, st)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> UnisonWork | DoneWork:
+    def allreduce(
+        self, tensors: list[torch.Tensor], opts: Any = None, timeout: Any = None
+    ) -> UnisonWork | DoneWork:
+        # torch's C++ ProcessGroup.allreduce has three Python forms: (tensors, opts),
+        # (tensors, op=SUM) and (tensor, op=SUM). A Python group receives the arguments
+        # as given, so the single-tensor and ReduceOp forms are normalized here (DDP's
+        # join hook calls ``process_group.allreduce(local_used_map)`` with one tensor;
+        # iterating it would reduce its elements one by one)
         if opts is None:
             op, async_op = ReduceOp.SUM, True
+            if isinstance(tensors, torch.Tensor):
+                tensors = [tensors]
         else:  # SUM and asyncOp read here, not through _op/_async: the hot path
-            rop = opts.reduceOp
+            try:
+                rop = opts.reduceOp
+                async_op = bool(getattr(opts, "asyncOp", True))
+            except AttributeError:  # (tensor(s), ReduceOp)
+                rop, async_op, opts, tensors = opts, True, None, _listed(tensors)
             op = ReduceOp.SUM if rop == _SUM else _op(rop)
-            async_op = bool(getattr(opts, "asyncOp", True))
         if len(tensors) == 1:
             t = tensors[0]
             if t.is_cpu and t.dtype is not torch.bfloat16 and t.is_contiguous():  # _direct
@@ -237,9 +260,15 @@ class UnisonProcessGroup(dist.ProcessGroup):
         part = self._start(_c.all_reduce, self._comm, flat, op, _async(opts))
         return self._work("all_reduce_coalesced", [part], tensors, st)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
-        op, st = _op(opts.reduceOp), _Stage()
-        root = self._global(opts.rootRank, "reduce")
+    def reduce(
+        self, tensors: list[torch.Tensor], opts: Any, op: Any = _SUM, timeout: Any = None
+    ) -> UnisonWork:
+        try:
+            rop, root_rank = opts.reduceOp, opts.rootRank
+        except AttributeError:  # torch's (tensor, root, op=SUM) form
+            rop, root_rank, tensors, opts = op, int(opts), _listed(tensors), None
+        op, st = _op(rop), _Stage()
+        root = self._global(root_rank, "reduce")
         bufs = [st(t) for t in tensors]
         parts = [self._start(_c.reduce, self._comm, b, root, op, _async(opts)) for b in bufs]
         return self._work("reduce", parts, tensors, st)
