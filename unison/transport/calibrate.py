@@ -47,23 +47,16 @@ import dataclasses
 import fcntl
 import hashlib
 import json
-import mmap
 import os
 import platform
-import socket
-import struct
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .._version import __version__
+from . import probe
 
 __all__ = [
     "Calibration",
@@ -77,15 +70,7 @@ __all__ = [
     "measure",
 ]
 
-_ROUNDS = 400  # ping-pong round trips per latency measurement
-_BATCH = 50  # round trips per batch (the estimate is the best batch)
-_DEADLINE_S = 5.0  # a measurement that takes longer is abandoned (defaults are used)
 _LOCK_S = 60.0  # longest wait for another process's measurement
-_STREAM = 8 << 20  # bytes streamed for the tcp bandwidth
-_COPY = 1 << 20  # bytes per array for the in-cache copy, reduction and CMA rates
-_COLD_MAX = 64 << 20  # largest array for the out-of-cache rates
-_PIECE = 4 << 20  # bytes per copy or reduction call (a slot half)
-_TRIES = 10  # passes per bandwidth measurement (the estimate is the best one)
 #: bytes a message crosses the shm transport's ring in (the ring's capacity)
 RING_PIECE = 1 << 19
 
@@ -202,190 +187,18 @@ def cache_path(env: Mapping[str, str] | None = None) -> Path | None:
 
 
 # --- measurements ---------------------------------------------------------------------------
-_CHILD = r"""
-import mmap, os, socket, struct, sys, time
-sock_fd, path = int(sys.argv[2]), sys.argv[3]
-rounds, stream = int(sys.argv[4]), int(sys.argv[5])
-f = open(path, "r+b"); m = mmap.mmap(f.fileno(), 64); s = socket.socket(fileno=sock_fd)
-deadline = time.monotonic() + float(sys.argv[6])
-# shm ping-pong: wait for seq at offset 0, answer at offset 8
-for i in range(1, rounds + 1):
-    n = 0
-    while struct.unpack_from("q", m, 0)[0] != i:
-        n += 1
-        if n & 31 == 0:
-            os.sched_yield()
-            if time.monotonic() > deadline:
-                sys.exit(3)
-    struct.pack_into("q", m, 8, i)
-# tcp ping-pong, then a stream
-for i in range(rounds):
-    if s.recv(1) != b"x":
-        sys.exit(4)
-    s.sendall(b"y")
-s.sendall(bytes(stream))
-s.recv(1)
-"""
-
-
-def _spin_until(m: mmap.mmap, off: int, value: int, deadline: float) -> None:
-    n = 0
-    while struct.unpack_from("q", m, off)[0] != value:
-        n += 1
-        if n & 31 == 0:
-            os.sched_yield()  # never spin through a time slice the child needs
-            if time.monotonic() > deadline:
-                raise TimeoutError("calibration peer did not answer")
-
-
-def _cache_bytes() -> int:
-    """Bytes of the largest CPU cache (sysfs; 32 MiB where unknown), at least 4 MiB."""
-    best = 0
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for idx in os.listdir(base):
-            try:
-                with open(os.path.join(base, idx, "size")) as f:
-                    text = f.read().strip()
-            except OSError:
-                continue
-            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-            digits = text.rstrip("KMGkmg")
-            if digits.isdigit():
-                best = max(best, int(digits) * mult)
-    except OSError:
-        pass
-    return max(best or (32 << 20), 4 << 20)
-
-
-def _rates(size: int) -> tuple[float, float, float]:
-    """Seconds per byte of a copy, of ``np.add(a, b, out=a)`` on float32 (a reduction
-    into one of its operands, as the direct algorithms do it) and of
-    ``process_vm_readv`` (from this process, which the kernel copies like another's;
-    0 where unavailable, one call as the single-copy algorithms make), on ``size``-byte
-    arrays already touched (page faults are not the copy's cost). Copies and
-    reductions go in pieces of :data:`_PIECE` bytes, as the direct algorithms' rounds
-    do (one huge ``memcpy`` switches to non-temporal stores, which they never see).
-    The three alternate, so a busy moment slows all of them alike; each estimate is
-    its best pass."""
-    from . import cma
-
-    src = np.ones(size, np.uint8)
-    dst = np.ones_like(src)
-    a, b = src.view(np.float32), dst.view(np.float32)
-    best = [float("inf")] * 3
-    use_cma = cma.available()
-    step = _PIECE // 4  # copies and reductions go round by round, a slot half at most
-    for _ in range(_TRIES):
-        t0 = time.perf_counter()
-        for i in range(0, size, _PIECE):
-            np.copyto(dst[i : i + _PIECE], src[i : i + _PIECE])
-        t1 = time.perf_counter()
-        for i in range(0, size // 4, step):
-            np.add(a[i : i + step], b[i : i + step], out=a[i : i + step])
-        t2 = time.perf_counter()
-        if use_cma:
-            try:
-                cma.read_from(os.getpid(), src.ctypes.data, dst)
-            except cma.CmaError:
-                use_cma = False
-        t3 = time.perf_counter()
-        for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2)):
-            best[i] = min(best[i], dt)
-    return best[0] / size, best[1] / size, best[2] / size if use_cma else 0.0
-
-
-def _overhead() -> float:
-    from .framing import OpSig, pack, unpack
-    from .matching import Matcher
-    from .request import Request
-
-    sig = OpSig()
-    matcher = Matcher()
-    view = np.zeros(2, np.float32)
-    n, best = 400, float("inf")
-    for b in range(5):  # best of batches: a preempted batch measures the load, not us
-        t = time.perf_counter()
-        for i in range(b * n, (b + 1) * n):
-            key = (1, 0, i, 0)
-            req = Request(1, key, view, sig)
-            matcher.post(req)
-            frame = unpack(pack(1, 0, i, 0, sig, 8))
-            matcher.take_posted(1, frame.key)
-            req.complete()
-        best = min(best, (time.perf_counter() - t) / n)
-    return best
-
-
-def _pair() -> tuple[float, float, float]:
-    """(shm α, tcp α, tcp β) from a ping-pong with a child process."""
-    deadline = time.monotonic() + _DEADLINE_S
-    with tempfile.NamedTemporaryFile(prefix="unison-calib-", dir=_shm_dir()) as f:
-        f.write(bytes(64))
-        f.flush()
-        m = mmap.mmap(f.fileno(), 64)
-        a, b = socket.socketpair()
-        child = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, "0", str(b.fileno()), f.name, *_child_args()],
-            pass_fds=(b.fileno(),),
-        )
-        b.close()
-        try:
-            a.settimeout(_DEADLINE_S)
-            # best of batches: a batch that lost the core to another process says
-            # nothing about the link, so the fastest batch is the estimate
-            shm_alpha = tcp_alpha = float("inf")
-            for b0 in range(0, _ROUNDS, _BATCH):
-                t = time.perf_counter()
-                for i in range(b0 + 1, b0 + _BATCH + 1):
-                    struct.pack_into("q", m, 0, i)
-                    _spin_until(m, 8, i, deadline)
-                shm_alpha = min(shm_alpha, (time.perf_counter() - t) / _BATCH / 2)
-            for _ in range(0, _ROUNDS, _BATCH):
-                t = time.perf_counter()
-                for _ in range(_BATCH):
-                    a.sendall(b"x")
-                    a.recv(1)
-                tcp_alpha = min(tcp_alpha, (time.perf_counter() - t) / _BATCH / 2)
-            buf = bytearray(1 << 20)
-            got = 0
-            t = time.perf_counter()
-            while got < _STREAM:
-                k = a.recv_into(buf)
-                if not k:
-                    raise ConnectionError("calibration peer closed")
-                got += k
-            tcp_beta = max(time.perf_counter() - t - tcp_alpha, 1e-9) / _STREAM
-            a.sendall(b"z")
-        finally:
-            a.close()
-            m.close()
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-    return shm_alpha, tcp_alpha, tcp_beta
-
-
-def _child_args() -> list[str]:
-    return [str(_ROUNDS), str(_STREAM), str(_DEADLINE_S)]
-
-
-def _shm_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
 def measure() -> Calibration:
     """Measure this host now (no cache involved)."""
-    overhead = _overhead()
-    copy, gamma, cma_ = _rates(_COPY)
+    overhead = probe.per_message_overhead()
+    copy, gamma, cma_ = probe.rates(probe.COPY)
     # arrays this large no longer fit the last-level cache (at most 64 MiB each: the
     # measurement must not cost the rank that runs it more memory than that)
-    cache = min(_cache_bytes(), _COLD_MAX)
-    cold = _rates(cache)
+    cache = min(probe.cache_bytes(), probe.COLD_MAX)
+    cold = probe.rates(cache)
     try:
-        shm_alpha, tcp_alpha, tcp_beta = _pair()
+        shm_alpha, tcp_alpha, tcp_beta = probe.pair()
         source = "measured"
     except (OSError, TimeoutError, ConnectionError):
         shm_alpha, (tcp_alpha, tcp_beta) = _FALLBACK_SHM[0], _FALLBACK_TCP
