@@ -12,17 +12,12 @@ every rank — no round trip to rank 0. Then every rank executes the same respon
 in the same order (:mod:`unison.torch.execute`).
 
 A cycle starts when there is new local work or a peer's message for it has
-arrived, so ranks that submit in different orders meet without polling. A rank
-with work pending answers a peer's cycle at once. A rank with nothing of its own
-has nothing the peer could use: every pending operation needs it to submit, and
-its submission starts its own cycle, which pairs with the peer's. So it answers
-only for the stall inspector and liveness, within ``TorchEngine.idle_answer_s``
-(a third of the timeout, at most half the stall-check time), and a rank that is behind
-always joins the cycle with its tensor instead of an empty message -- whatever
-the machine's speed, with no timing constant. Between cycles one watcher thread
-waits on the peers' messages, without driving the transport, only while this rank
-has work pending (:mod:`unison.torch.channel`); otherwise it looks every
-``idle_answer_s``.
+arrived, so ranks that submit in different orders meet without polling. A rank with
+work pending answers a peer's cycle at once; a rank with nothing of its own answers
+within ``TorchEngine.idle_answer_s`` (its own submission starts the cycle that pairs
+with the peer's), so no timing constant is involved. Between cycles one watcher thread
+waits on the peers' messages while this rank has work pending
+(:mod:`unison.torch.channel`).
 
 The steady-state fast path: a blocking call (``hvd.allreduce`` ...) made while
 the engine is idle (nothing queued or pending, no cycle running) runs the cycle
