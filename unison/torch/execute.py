@@ -77,6 +77,19 @@ def _response_error(resp: Response) -> BaseException:
     return TensorMismatchError(resp.error, op=resp.name)
 
 
+def _execution_error(resp: Response, exc: BaseException) -> BaseException:
+    """The error the handles of a failed execution get: Horovod's HorovodInternalError
+    (what ``hvd.elastic.run`` recovers from), naming the operation and the lost ranks."""
+    if isinstance(exc, HorovodInternalError):
+        return exc
+    kind = resp.request.kind.name.lower()
+    return HorovodInternalError(
+        f"{kind} of {resp.name!r} failed: {exc}",
+        op=resp.name,
+        ranks=getattr(exc, "ranks", ()) or (),
+    )
+
+
 class Executor:
     def __init__(
         self,
@@ -100,49 +113,67 @@ class Executor:
 
     # --- dispatch ----------------------------------------------------------------------
     def run(self, responses: list[Response], entries: list[Entry | None]) -> None:
+        """Execute the agreed ``responses``. When one fails (a lost peer), every handle
+        of this run still unfinished fails with the error before it is raised: the
+        engine has taken these entries off its pending table, so nobody else would."""
         nbytes = [
             sum(_numel(s) for s in r.request.shapes)
             * (torch_dtype(r.request.dtype).itemsize if r.request.dtype else 0)
             for r in responses
         ]
-        for batch in fusion.plan(responses, nbytes, self.settings.fusion_threshold):
+        batches = fusion.plan(responses, nbytes, self.settings.fusion_threshold)
+        for b, batch in enumerate(batches):
             resps = [responses[i] for i in batch]
             ents = [entries[i] for i in batch]
-            first = resps[0]
-            if first.error:
-                for e in ents:
-                    if e is not None:
-                        e.handle.finish(error=_response_error(first))
-                continue
-            kind = first.request.kind
-            if kind is not RequestKind.JOIN:
-                self.collectives += 1
-            start = time.perf_counter()
-            self._queue_spans(resps, ents, start)
-            out: list[Any]
-            if kind is RequestKind.ALLREDUCE:
-                if first.request.op == HvdOp.ADASUM:
-                    out = [self._adasum(first, ents[0])]
-                else:
-                    out = self._allreduce(resps, ents)
-            elif kind is RequestKind.ALLGATHER:
-                out = [self._allgather(first, ents[0])]
-            elif kind is RequestKind.BROADCAST:
-                out = [self._broadcast(first, ents[0])]
-            elif kind is RequestKind.ALLTOALL:
-                out = [self._alltoall(first, ents[0])]
-            elif kind is RequestKind.REDUCESCATTER:
-                out = [self._reducescatter(first, ents[0])]
-            elif kind is RequestKind.BARRIER:
-                barrier(self.group)
-                out = [None]
-            else:  # JOIN
-                out = [self.ranks[first.value] if first.value >= 0 else -1]
-            if kind not in (RequestKind.ALLREDUCE, RequestKind.JOIN):
-                self._span(first.name, kind.name, start, time.perf_counter())
-            for e, produced in zip(ents, out, strict=True):
+            try:
+                self._run_batch(resps, ents)
+            except BaseException as exc:
+                err = _execution_error(resps[0], exc)
+                for rest in batches[b:]:
+                    for i in rest:
+                        e = entries[i]
+                        if e is not None:
+                            e.handle.finish(error=err)
+                if err is exc:
+                    raise
+                raise err from exc
+
+    def _run_batch(self, resps: list[Response], ents: list[Entry | None]) -> None:
+        first = resps[0]
+        if first.error:
+            for e in ents:
                 if e is not None:
-                    e.handle.finish(e.finish(e, produced))
+                    e.handle.finish(error=_response_error(first))
+            return
+        kind = first.request.kind
+        if kind is not RequestKind.JOIN:
+            self.collectives += 1
+        start = time.perf_counter()
+        self._queue_spans(resps, ents, start)
+        out: list[Any]
+        if kind is RequestKind.ALLREDUCE:
+            if first.request.op == HvdOp.ADASUM:
+                out = [self._adasum(first, ents[0])]
+            else:
+                out = self._allreduce(resps, ents)
+        elif kind is RequestKind.ALLGATHER:
+            out = [self._allgather(first, ents[0])]
+        elif kind is RequestKind.BROADCAST:
+            out = [self._broadcast(first, ents[0])]
+        elif kind is RequestKind.ALLTOALL:
+            out = [self._alltoall(first, ents[0])]
+        elif kind is RequestKind.REDUCESCATTER:
+            out = [self._reducescatter(first, ents[0])]
+        elif kind is RequestKind.BARRIER:
+            barrier(self.group)
+            out = [None]
+        else:  # JOIN
+            out = [self.ranks[first.value] if first.value >= 0 else -1]
+        if kind not in (RequestKind.ALLREDUCE, RequestKind.JOIN):
+            self._span(first.name, kind.name, start, time.perf_counter())
+        for e, produced in zip(ents, out, strict=True):
+            if e is not None:
+                e.handle.finish(e.finish(e, produced))
 
     def _span(self, name: str, phase: str, start: float, end: float, **args: Any) -> None:
         if self.timeline is not None:
