@@ -94,8 +94,9 @@ def test_lost_worker_then_world_grows_back() -> None:
     assert len({r["round"] for r in results}) == 1 and results[0]["round"] >= 2
     assert all(r["step"] >= 20 for r in results)
     assert all(r["params"] == results[0]["params"] for r in results)
-    # the callback saw rank 0's values from every world size, one per step of rank 0
-    assert {d["size"] for d in logged} == {2, 3}, logged
+    # the callback saw rank 0's values, from the last world too (whether the world of 2
+    # completed a step before the node came back depends on the machine's load)
+    assert {d["size"] for d in logged} <= {2, 3} and logged[-1]["size"] == 3, logged
     assert logged[-1]["step"] == results[0]["step"]
     with pytest.raises(NotImplementedError, match="ObjectRefs cannot be returned"):
         ex.run_remote(lambda: 0)
