@@ -12,6 +12,7 @@ unison.torch moves CPU tensors, so they answer False (``nccl_built()``: 0, Horov
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -128,6 +129,13 @@ def settings() -> Settings:
     return _require()
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _make_engine(ps: ProcessSet) -> None:
     members = ps._members()
     ctl = _un.new_group(members)
@@ -136,6 +144,7 @@ def _make_engine(ps: ProcessSet) -> None:
         assert _S.settings is not None
         tl = _S.timeline if ps.process_set_id == 0 and members.index(_un.rank()) == 0 else None
         eng = TorchEngine(members, _un.rank(), ctl, data, _S.settings, tl)
+        eng.channel.sleep_wait = _un.local_size() > _cores()
         eng.start()
         assert ps.process_set_id is not None
         _S.engines[ps.process_set_id] = eng

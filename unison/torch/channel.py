@@ -79,6 +79,12 @@ class NegotiationChannel:
         self._alive_buf = np.empty(1, np.uint8)
         #: messages the watcher thread delivered (the rest: the cycle thread itself)
         self.watched = 0
+        #: :meth:`pull` sleeps until the transport's own progress completes the receive
+        #: instead of driving it (spin, yield): set where this host's ranks outnumber its
+        #: cores, where a spinning or yielding waiter takes the processor from the peer
+        #: whose message it waits for (per op at np=4 on 2 cores: 25 % less CPU, a third
+        #: of the involuntary context switches; docs/evidence/issue-11-hvd.md)
+        self.sleep_wait = False
 
     def start(self) -> None:
         if not self.peers:
@@ -122,13 +128,17 @@ class NegotiationChannel:
 
     def pull(self, work: Work | None, timeout: float) -> None:
         """Wait up to ``timeout`` on ``work`` (what :meth:`posted` said) in this thread,
-        driving the transport, and deliver its message if nobody has. Errors are left to
-        the watcher to report."""
+        driving the transport (or asleep, see :attr:`sleep_wait`), and deliver its
+        message if nobody has. Errors are left to the watcher to report."""
         if work is None:  # every peer said goodbye (the engine knows): nothing will come
             self._stop.wait(min(timeout, 0.05))
             return
         try:
-            work.wait(timeout)
+            if self.sleep_wait:
+                if not _block(work, timeout):
+                    return
+            else:
+                work.wait(timeout)
         except CollectiveTimeoutError:
             if not work.is_completed():
                 return
