@@ -124,6 +124,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _group_slots(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 4096:
+        raise ValueError("must be between 1 and 4096")
+    return value
+
+
 def _choice(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         low = text.strip().lower()
@@ -177,6 +184,15 @@ KNOBS: tuple[Knob, ...] = (
         _size,
         "world collectives up to this size on one host take the shared slot path (not while "
         "UNISON_ALGO forces algorithms); 0: off",
+    ),
+    Knob(
+        "UNISON_GROUP_SLOTS",
+        "group_slots",
+        8,
+        _group_slots,
+        "groups with a shared slot region on one host: the world and the first N-1 "
+        "sub-groups (later ones take the general path); every rank must agree, else none "
+        "get slots",
     ),
     Knob(
         "UNISON_LOG_LEVEL",
@@ -330,6 +346,7 @@ class Config:
     segment_bytes: int = 1 << 20
     inline_send_bytes: int = 1 << 16
     small_bytes: int = 4096
+    group_slots: int = 8
     log_level: str = "WARNING"
     bind_addr: str = ""
     network_interface: str = ""

@@ -4,7 +4,8 @@ One job per transport checks every small collective three ways against the numpy
 oracle: blocking (the lane, on shared memory), ``async_op=True`` (the executor's
 slot path) and on a group past the slot regions (the general algorithms): the
 lane must give the same bytes as both, for every op and dtype, and must run no
-Work at all. Its failures: ranks that disagree (op, dtype, count, root; also with
+Work at all; the list forms of all_gather and reduce_scatter take the lane too and
+give the tensor forms' bytes. Its failures: ranks that disagree (op, dtype, count, root; also with
 a peer on the general path) get a MismatchError on every rank, a silent peer a
 CollectiveTimeoutError naming it; a dead peer is covered by
 tests/transport/test_seqslot.py (the world's blocking all_reduce takes the lane).
@@ -18,9 +19,9 @@ import pytest
 import unison as un
 from unison import ReduceOp
 from unison.backends.native.executor import Executor
-from unison.backends.native.fabric import GROUP_SLOTS
 from unison.buffers import check_op, from_numpy
-from unison.errors import UnisonError
+from unison.config import load_config
+from unison.errors import InvalidArgumentError, UnisonError
 from unison.testing import reduce_oracle, spawn
 from unison.world import current
 
@@ -56,9 +57,10 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 def _three_ways() -> list[str]:
     r, p = un.rank(), un.size()
     rt = current()
-    groups = [un.new_group(range(p)) for _ in range(GROUP_SLOTS)]
-    general = groups[-1]  # id GROUP_SLOTS: no slot region, the general algorithms
-    assert general.id >= GROUP_SLOTS
+    n_slots = rt.config.group_slots  # UNISON_GROUP_SLOTS
+    groups = [un.new_group(range(p)) for _ in range(n_slots)]
+    general = groups[-1]  # id n_slots: no slot region, the general algorithms
+    assert general.id >= n_slots
     shared = rt.executors[0].slots is not None  # type: ignore[attr-defined]
     submitted = []
     real_submit = Executor.submit
@@ -121,7 +123,17 @@ def _three_ways() -> list[str]:
                     lambda rs=rs, n=n, dtype=dtype: [np.empty(n, dtype), rs[r]],
                     exact,
                 )
-                (_, got), (_, got_rs) = outs_oracle
+                three(  # the list form: one input block per rank
+                    f"reduce_scatter list {op.name} {np.dtype(dtype)} n={n}",
+                    lambda b, g, a, op=op: un.reduce_scatter(
+                        b[0], np.split(b[1], p), op=op, group=g, async_op=a
+                    ),
+                    lambda rs=rs, n=n, dtype=dtype: [np.empty(n, dtype), rs[r]],
+                    exact,
+                )
+                (_, got), (_, got_rs), (_, got_rs_list) = outs_oracle
+                if not _same(got_rs_list, got_rs):
+                    bad.append(f"reduce_scatter {op.name} {np.dtype(dtype)} n={n}: list form")
                 if op is ReduceOp.AVG and np.issubdtype(dtype, np.floating):
                     ok = np.allclose(got, want, rtol=1e-2, atol=1e-2)
                 else:
@@ -147,6 +159,14 @@ def _three_ways() -> list[str]:
                 lambda ins=ins, n=n, dtype=dtype: [np.empty(n * p, dtype), ins[r]],
                 True,
             )
+            three(  # the list form: one output block per rank
+                f"all_gather list {np.dtype(dtype)} n={n}",
+                lambda b, g, a: un.all_gather(np.split(b[0], p), b[1], group=g, async_op=a),
+                lambda ins=ins, n=n, dtype=dtype: [np.empty(n * p, dtype), ins[r]],
+                True,
+            )
+            if not _same(outs_oracle[p + 1][1], outs_oracle[p][1]):
+                bad.append(f"all_gather {np.dtype(dtype)} n={n}: list form")
             for root in range(p):
                 if not _same(outs_oracle[root][1], ins[root]):
                     bad.append(f"broadcast root={root} {np.dtype(dtype)}: not rank {root}'s data")
@@ -203,9 +223,17 @@ def _three_ways() -> list[str]:
     [("auto", 3), ("tcp", 2)],
 )
 def test_lane_matches_slot_path_general_path_and_oracle(transport: str, np_: int) -> None:
-    env = {"UNISON_TRANSPORT": transport, "UNISON_TIMEOUT": "60"}
+    # 3 slot regions (the world and sub-groups 1, 2): the fourth group (id 3) has none
+    env = {"UNISON_TRANSPORT": transport, "UNISON_TIMEOUT": "60", "UNISON_GROUP_SLOTS": "3"}
     for bad in spawn(_three_ways, np_, env=env, timeout=170):
         assert bad == []
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "4097", "x"])
+def test_group_slots_knob_is_validated(bad: str) -> None:
+    assert load_config({"UNISON_GROUP_SLOTS": "5"}).group_slots == 5
+    with pytest.raises(InvalidArgumentError, match="UNISON_GROUP_SLOTS"):
+        load_config({"UNISON_GROUP_SLOTS": bad})
 
 
 def _mismatches() -> list[str]:
@@ -226,7 +254,7 @@ def _mismatches() -> list[str]:
         "path": lambda g: un.all_reduce(np.ones(4096 if r == 0 else 2, f32), group=g),
     }
     groups = [un.new_group(range(p)) for _ in cases]
-    assert groups[-1].id < GROUP_SLOTS
+    assert groups[-1].id < current().config.group_slots
     bad = []
     for (name, fn), g in zip(cases.items(), groups, strict=True):
         try:

@@ -16,7 +16,6 @@ import pytest
 
 import unison as un
 from unison import ReduceOp
-from unison.backends.native.fabric import GROUP_SLOTS
 from unison.buffers import check_op, from_numpy
 from unison.errors import CollectiveTimeoutError, MismatchError, UnisonError
 from unison.testing import reduce_oracle, run_ranks, spawn
@@ -76,9 +75,10 @@ def _worker() -> list[str]:
     bad: list[str] = []
     if world_slots() is None:
         return ["the world did not get shared slots"]
-    groups = [un.new_group(range(p)) for _ in range(GROUP_SLOTS)]
+    n_slots = current().config.group_slots
+    groups = [un.new_group(range(p)) for _ in range(n_slots)]
     every = groups[-1]  # same ranks, no slot region: the general path
-    assert every.id >= GROUP_SLOTS
+    assert every.id >= n_slots
     before = world_slots()._k
     salt = 0
     for dtype in DTYPES:

@@ -159,7 +159,10 @@ def all_gather(comm: Group, out_list: Any, buf: Any, async_op: bool) -> Work | N
     comm.require_member("all_gather")
     b = _as(comm, buf, "all_gather buffer", writable=False)
     outs = _list(comm, out_list, "all_gather output list", b, writable=True)
-    return _allgather_submit(comm, b, [o.array for o in outs], async_op, out_list)
+    blocks = [o.array for o in outs]
+    if comm.lane is not None and not async_op and comm.lane.all_gather_list(b, blocks):
+        return None
+    return _allgather_submit(comm, b, blocks, async_op, out_list)
 
 
 def all_gather_into_tensor(comm: Group, out: Any, buf: Any, async_op: bool) -> Work | None:
@@ -232,7 +235,11 @@ def reduce_scatter(comm: Group, out: Any, in_list: Any, op: Any, async_op: bool)
     o = _as(comm, out, "reduce_scatter output")
     check_op(_op(op), o.dtype)
     ins = _list(comm, in_list, "reduce_scatter input list", o, writable=False)
-    return _reduce_scatter_submit(comm, o, [i.array for i in ins], op, async_op)
+    blocks = [i.array for i in ins]
+    lane = comm.lane
+    if lane is not None and not async_op and lane.reduce_scatter_list(o, blocks, _op(op)):
+        return None
+    return _reduce_scatter_submit(comm, o, blocks, op, async_op)
 
 
 def reduce_scatter_tensor(

@@ -50,15 +50,12 @@ from ...transport.shm_ring import Ring
 from ...transport.shm_segment import Segment, plan
 from ...transport.tcp import TcpTransport
 
-__all__ = ["GROUP_SLOTS", "RING_BYTES", "Fabric"]
+__all__ = ["RING_BYTES", "Fabric"]
 
 log = get_logger("fabric")
 
 #: bytes of each shared-memory ring (one per ordered pair of same-host ranks)
 RING_BYTES = 1 << 19
-#: small-message slot regions per rank: one for the world (group 0) and one for each of
-#: the first sub-groups (ids 1 .. GROUP_SLOTS - 1); later groups take the general path
-GROUP_SLOTS = 8
 _FABRIC_GROUP = 0xFFFFFFFF  # group id of the fabric's own set-up messages
 _HELLO, _ACK, _SUMMARY = 1, 2, 3
 _MSG = 2048
@@ -154,7 +151,9 @@ class Fabric:
         slot_bytes = shm_arena.SLOT_BYTES  # read at set-up: tests shrink it
         small = self.config.small_bytes
         small_off = (slot_bytes + 63) // 64 * 64  # after the arena's slot
-        small_len = region_bytes(small) * GROUP_SLOTS if small > 0 else 0
+        # small-message slot regions per rank: one for the world (group 0) and one for each of
+        # the first sub-groups (ids 1 .. group_slots - 1); later groups take the general path
+        small_len = region_bytes(small) * self.config.group_slots if small > 0 else 0
         layout = plan(local, RING_BYTES, small_off + small_len)
         if want:
             try:
@@ -259,7 +258,7 @@ class Fabric:
         if len(ranks) == 1 and ranks[0] == self.rank and small > 0:
             # a group of one: a private region; every call is a local copy or a no-op
             return SeqSlots(0, [memoryview(bytearray(region_bytes(small)))], small)
-        if world is None or self.rank not in ranks or gid >= GROUP_SLOTS:
+        if world is None or self.rank not in ranks or gid >= self.config.group_slots:
             return None
         if gid == 0:
             return world

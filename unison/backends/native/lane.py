@@ -334,6 +334,53 @@ class Lane:
             self._end()
         return True
 
+    def all_gather_list(self, b: Buffer, outs: list[np.ndarray]) -> bool:
+        """The list form, on validated buffers: the slots copy each rank's block
+        straight into its entry of ``outs`` (what the executor's slot path runs)."""
+        inp = b.array
+        key = (6, b.dtype, inp.dtype, b.count)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan_for(
+                key, lambda: self._make(OpCode.ALL_GATHER, inp, inp.nbytes, dtype=b.dtype)
+            )
+            if plan is None:
+                return False
+        if not self._begin(plan):
+            return False
+        try:
+            self.slots.all_gather(inp, outs, self.timeout, plan[2])
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        finally:
+            self._end()
+        return True
+
+    def reduce_scatter_list(self, out: Buffer, ins: list[np.ndarray], op: ReduceOp) -> bool:
+        """The list form, on validated buffers: the slots take each block of ``ins``
+        in place of one contiguous input (what the executor's slot path runs)."""
+        arr = out.array
+        key = (7, out.dtype, arr.dtype, out.count, op)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan_for(
+                key,
+                lambda: self._make(
+                    OpCode.REDUCE_SCATTER, arr, arr.nbytes * self.ex.size, op, dtype=out.dtype
+                ),
+            )
+            if plan is None:
+                return False
+        if not self._begin(plan):
+            return False
+        try:
+            self.slots.reduce_scatter(ins, arr, plan[4], self.timeout, plan[2], plan[3])
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        finally:
+            self._end()
+        return True
+
     def barrier(self) -> bool:
         plan = self._plans.get((4,))
         if plan is None:

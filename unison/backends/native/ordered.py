@@ -3,7 +3,8 @@
 Operations run one at a time in issue order (their sequence numbers). A blocking
 call on an idle group runs inline in the caller's thread (no hand-off latency);
 anything else goes to the group's worker thread, started on first use and woken
-by a condition variable when work is queued — never paced by sleeping.
+by a condition variable when work is queued — never paced by sleeping, and not
+woken after an inline task unless work was queued meanwhile.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class OrderedQueue:
         finally:
             with self._lock:
                 self._busy = False
-                if self._thread is not None:  # only the worker waits on the condition
+                if self._queue:  # only the worker waits, and only for queued work
                     self._cv.notify_all()
         return True
 

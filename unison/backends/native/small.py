@@ -1,7 +1,7 @@
 """Small collectives over the shared slots (:mod:`unison.transport.seqslot`).
 
 When every rank of the job shares one host, a collective of the world or of one of the
-first sub-groups (:data:`~.fabric.GROUP_SLOTS`) whose payload fits a slot
+first sub-groups (``UNISON_GROUP_SLOTS``, 8 by default) whose payload fits a slot
 (``UNISON_SMALL_BYTES``, 4 KiB by default) skips the algorithms, requests, framing
 and matching: each rank publishes its bytes and signature in its slot and reads its
 peers'. It still runs as a numbered operation of the group's ordered
@@ -11,8 +11,9 @@ waiting rank through its :class:`OpContext`, a disagreeing signature is a
 :class:`CollectiveTimeoutError` naming it, and the group's ABORT spreads either.
 
 Every rank picks this path for the same calls: the choice depends on the group
-(its id, below GROUP_SLOTS), the payload size (part of the signature every rank must agree on)
-and whether the job has the slots (agreed by the fabric), never on local timing.
+(its id, below ``UNISON_GROUP_SLOTS``), the payload size (part of the signature every
+rank must agree on) and whether the job has the slots (agreed by the fabric), never on
+local timing.
 If ranks disagree on size across the threshold, the general-path rank's frame
 reaches the slot rank as a foreign frame and both fail with the mismatch.
 
