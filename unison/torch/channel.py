@@ -85,11 +85,17 @@ class NegotiationChannel:
         #: whose message it waits for (per op at np=4 on 2 cores: 25 % less CPU, a third
         #: of the involuntary context switches; docs/evidence/issue-11-hvd.md)
         self.sleep_wait = False
+        #: answer and deliver peers' messages at once, idle or not: set where the posted
+        #: any-source receive has no transport request to sleep on (the mpi and torch
+        #: backends), where an idle rank's delayed answer held a peer's cycle up to
+        #: ``poll`` seconds (np=3 on the torch backend: ops of 1-10 s)
+        self.prompt = False
 
     def start(self) -> None:
         if not self.peers:
             return
         self._work = irecv(self._buf, None, _TAG_HEAD, self.group)
+        self.prompt = self._work.request is None
         if self._work.request is not None:
             # unison's own transports keep an any-source receive posted past a lost peer
             # (MPI and Gloo fail it, or end the job): there, watch each peer's sentinel
@@ -204,7 +210,7 @@ class NegotiationChannel:
                 return
             try:
                 late = False
-                if self._need():
+                if self.prompt or self._need():
                     done = _block(work, min(self.poll, _CHECK_S))
                     if not done:
                         self.check_peers()

@@ -249,7 +249,7 @@ class TorchEngine:
     def _linger(self) -> float:
         """Seconds to wait before answering a peer's cycle (0: now). With nothing of our
         own, the peer cannot use our answer before we submit, and submitting answers."""
-        if self._has_work():
+        if self._has_work() or self.channel.prompt:
             return 0.0
         return self._arrived + self.idle_answer_s - time.monotonic()
 
