@@ -32,16 +32,13 @@ from ..link import Link, SharedLink, crowding
 from . import all_reduce_ring
 from ._context import OpContext
 from ._schedule import chunks
-from .shm_arena import arena_of, rounds, sync, sync_cost
+from .shm_arena import SHM_NEEDS, arena_of, rounds, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
 
 NAME = "shm"
-NEEDS = (
-    "every rank on one host with shared memory (not UNISON_TRANSPORT=tcp, not across "
-    "hosts) and the world group (sub-groups cannot use the shared slots)"
-)
+NEEDS = SHM_NEEDS
 
 
 def cost(p: int, n: int, link: Link) -> float:

@@ -32,6 +32,7 @@ from ..link import SLOT_BYTES, Link, SharedLink, crowding
 from ._context import OpContext
 
 __all__ = [
+    "SHM_NEEDS",
     "HEAD_BYTES",
     "SLOT_BYTES",
     "Arena",
@@ -44,6 +45,11 @@ __all__ = [
 ]
 
 _EMPTY = np.empty(0, np.uint8)
+#: what every direct shared-memory algorithm needs (its ``NEEDS``, for UNISON_ALGO errors)
+SHM_NEEDS = (
+    "every rank on one host with shared memory (not UNISON_TRANSPORT=tcp, not across "
+    "hosts) and the world group (sub-groups cannot use the shared slots)"
+)
 #: bytes at the end of every slot for its header words (outside both halves)
 HEAD_BYTES = 128
 
