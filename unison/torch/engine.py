@@ -36,6 +36,7 @@ import warnings
 from typing import Any
 
 from ..comm.api import Group
+from .attendance import Attendance
 from .cache import ResponseCache, and_bits, bits_to_ids, ids_to_bits
 from .channel import NegotiationChannel
 from .errors import HorovodInternalError
@@ -95,12 +96,7 @@ class TorchEngine:
             not settings.stall_check_disable,
         )
         self._force: dict[str, str] = {}
-        # what every rank has announced (all ranks see every rank's cycle message), so any
-        # rank can name the ranks that have not submitted a tensor: uncached requests by
-        # name, the last cycle's cache bits, the ranks that called join()
-        self._seen: dict[str, set[int]] = {}
-        self._seen_joined: set[int] = set()
-        self._last_bits: list[bytes] = []
+        self._attendance = Attendance()  # who has submitted what (stall messages)
         self._holders: dict[str, set[int]] = {}
         self.executor = Executor(data, ranks, self.me, settings, timeline)
         peers = [r for r in ranks if r != me_global]
@@ -186,19 +182,8 @@ class TorchEngine:
         """Global ranks of the set that have not submitted ``name`` (None: this rank does not
         know of it, e.g. it already completed)."""
         with self._cv:
-            have = set(self._seen.get(name, ())) | self._seen_joined
-            known = name in self._seen
-            for r, bits in enumerate(self._last_bits):
-                for cid in bits_to_ids(bits):
-                    try:
-                        if self.cache.get(cid).name == name:
-                            have.add(r)
-                            known = True
-                    except KeyError:
-                        continue
-        if not known:
-            return None
-        return [self.ranks[r] for r in range(self.size) if r not in have]
+            missing = self._attendance.missing(name, self.cache, self.size)
+        return None if missing is None else [self.ranks[r] for r in missing]
 
     def describe_stall(self, name: str) -> str:
         """Why ``name`` has not completed, naming the ranks that have not submitted it."""
@@ -363,13 +348,7 @@ class TorchEngine:
         msgs[self.me] = mine
         self._cycle = k
         with self._cv:
-            self._last_bits = [msgs[r][2] for r in range(self.size)]
-            for r in range(self.size):
-                for q in msgs[r][3]:
-                    if q.kind is RequestKind.JOIN:
-                        self._seen_joined.add(r)
-                    else:
-                        self._seen.setdefault(q.name, set()).add(r)
+            self._attendance.record(msgs, self.size)
         # every rank holds every rank's message and the same coordinator table, so every
         # rank decides alike: no round trip to a coordinator, even for new requests
         coordinated = any(m[3] for m in msgs.values()) or bool(msgs[0][4]) or self.coord.busy
@@ -443,10 +422,9 @@ class TorchEngine:
         with self._cv:
             local: list[Entry | None] = []
             for resp in responses:
-                name = "__join__" if resp.request.kind is RequestKind.JOIN else resp.name
-                if resp.request.kind is RequestKind.JOIN:
-                    self._seen_joined.clear()
-                self._seen.pop(name, None)
+                join = resp.request.kind is RequestKind.JOIN
+                name = "__join__" if join else resp.name
+                self._attendance.decided(name, join)
                 e = self._pending.pop(name, None)
                 if e is not None:
                     e.decided = now
