@@ -96,6 +96,8 @@ class NegotiationChannel:
         #: the engine while the next cycle is gathered in one collective: a message that
         #: comes point to point then is a peer's cycle that did not fit, or its goodbye)
         self.listen = False
+        #: the watcher waits on the posted receive now (no nudge needed to listen)
+        self.watching = False
 
     def start(self) -> None:
         if not self.peers:
@@ -220,6 +222,7 @@ class NegotiationChannel:
             try:
                 late = False
                 need = self._need()
+                self.watching = need or self.listen
                 if self.prompt or need or self.listen:
                     # work pending: a lost peer matters now (checked every _CHECK_S,
                     # asleep in between); only listening: the next cycle checks anyway

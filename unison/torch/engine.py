@@ -172,7 +172,7 @@ class TorchEngine:
                     self._cv.notify_all()
                 elif (self._cycle + 1) in self._inbox:
                     self._cv.notify_all()
-                if self._has_work() or self._lane_next:
+                if self._has_work() or (self._lane_next and not self.channel.watching):
                     self.channel.watch()
 
     def _admit(self, entry: Entry) -> None:
@@ -297,7 +297,7 @@ class TorchEngine:
                     with self._cv:
                         self._running = False
                         self._cv.notify_all()
-                        if self._has_work() or self._lane_next:
+                        if self._has_work() or (self._lane_next and not self.channel.watching):
                             self.channel.watch()
         except BaseException as exc:
             self._fail_all(exc)
