@@ -157,3 +157,30 @@ def test_a_peer_lost_in_a_gathered_cycle_is_named() -> None:
     outs = hvd_outcomes(_dies_in_steady_state, 2, env={"UNISON_TIMEOUT": "20"}, timeout=60)
     assert outs[0].ok, outs[0].describe()
     assert not outs[1].ok
+
+
+def _left_pending() -> list[float]:
+    import unison.torch as hvd
+
+    r = hvd.rank()
+    for name in ("a", "b", "warm", "warm", "warm"):
+        hvd.allreduce(torch.ones(1), name=name, op=hvd.Sum)
+    # cycles that leave a tensor pending on a rank with nothing new to submit: the next
+    # cycle must not be gathered, or that rank would enter it only after idle_answer_s
+    # (200 s here) while its peer waits in it. Rank 0 announces a; rank 1 b then a (one
+    # cycle {b} or {a, b}); whichever, one rank is left holding a tensor the other submits
+    # later (a on rank 0, or b on rank 1 until rank 0 submits b)
+    if r == 0:
+        ha = hvd.allreduce_async(torch.ones(1), name="a", op=hvd.Sum)
+        time.sleep(0.5)
+        hb = hvd.allreduce_async(torch.ones(1), name="b", op=hvd.Sum)
+    else:
+        time.sleep(0.1)
+        hb = hvd.allreduce_async(torch.ones(1), name="b", op=hvd.Sum)
+        ha = hvd.allreduce_async(torch.ones(1), name="a", op=hvd.Sum)
+    return [hvd.synchronize(ha).item(), hvd.synchronize(hb).item()]
+
+
+def test_a_cycle_that_leaves_work_pending_is_not_followed_by_a_gathered_one() -> None:
+    env = {"UNISON_TIMEOUT": "600", "HOROVOD_STALL_CHECK_DISABLE": "1"}
+    assert hvd_spawn(_left_pending, 2, env=env, timeout=100) == [[2.0, 2.0]] * 2

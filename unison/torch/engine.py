@@ -20,7 +20,9 @@ waits on the peers' messages while this rank has work pending
 (:mod:`unison.torch.channel`).
 
 Steady state: when every rank's message of a cycle was pure response-cache traffic
-that fits a fixed-size record, every rank knows the next cycle is *gathered*: each
+that fits a fixed-size record and the cycle decided all of it (the same bits from every
+rank: nobody is left with anything pending), every rank knows the next cycle is
+*gathered*: each
 rank packs its message into a record and one all_gather on the set's data group (the
 native engine's slot lane) hands every rank every message — no pickling, no
 point-to-point wake-ups (:mod:`unison.torch.record`). A message that does not fit
@@ -277,7 +279,9 @@ class TorchEngine:
                             raise self._error
                         if self._closing:
                             return
-                        t = self._idle_timeout()
+                        # at most idle_answer_s: a caller's cycle may have promised the
+                        # next one to the peers without waking this thread
+                        t = min(self._idle_timeout(), self.idle_answer_s)
                         if not self._running and (self._cycle + 1) in self._inbox:
                             t = min(t, max(self._linger(), 1e-4))
                         elif not self._running and self._lane_next:
@@ -386,13 +390,20 @@ class TorchEngine:
             msgs = self._gather(k)
         msgs[self.me] = mine
         self._cycle = k
-        self._lane_next = self.size > 1 and all(msgs[r][6] for r in range(self.size))
-        self.channel.listen = self._lane_next
         with self._cv:
             self._attendance.record(msgs, self.size)
         # every rank holds every rank's message and the same coordinator table, so every
         # rank decides alike: no round trip to a coordinator, even for new requests
         coordinated = any(m[3] for m in msgs.values()) or bool(msgs[0][4]) or self.coord.busy
+        # the next cycle is gathered when every message was steady and this one decides
+        # everything every rank announced (the same bits everywhere): then no rank has
+        # anything pending but what it submits next, which makes it enter at once
+        self._lane_next = (
+            self.size > 1
+            and not coordinated
+            and all(msgs[r][6] and msgs[r][2] == msgs[0][2] for r in range(self.size))
+        )
+        self.channel.listen = self._lane_next
         if not coordinated:
             ready = bits_to_ids(and_bits([msgs[r][2] for r in range(self.size)]))
             responses = [self.cache.get(i) for i in ready]
