@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..buffers import copy_into
 from ..link import Link, SharedLink, crowding
 from . import all_gather_ring
 from ._context import OpContext
@@ -51,8 +52,8 @@ def run(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int) -> None:
     for tag, start in enumerate(range(0, m, step) or [0]):
         k = min(step, m - start)
         h = arena.next_half()
-        arena.typed(glob[me], h, k, blocks[me].dtype)[:] = blocks[me][start : start + k]
+        copy_into(arena.typed(glob[me], h, k, blocks[me].dtype), blocks[me][start : start + k])
         sync(ctx, tag)
         for q in range(p):
             if q != me:
-                blocks[q][start : start + k] = arena.typed(glob[q], h, k, blocks[q].dtype)
+                copy_into(blocks[q][start : start + k], arena.typed(glob[q], h, k, blocks[q].dtype))

@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from ..buffers import copy_into
 from ..link import Link, SharedLink, crowding
 from . import broadcast_binomial
 from ._context import OpContext
@@ -52,7 +53,7 @@ def run(ctx: OpContext, arr: np.ndarray, root: int, seg: int) -> None:
         h = arena.next_half()
         slot = arena.typed(src, h, len(chunk), arr.dtype)
         if me == root:
-            slot[:] = chunk
+            copy_into(slot, chunk)
         sync(ctx, tag)
         if me != root:
-            chunk[:] = slot
+            copy_into(chunk, slot)
