@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from unison.buffers import copy_into
-from unison.buffers.copy import NEAR_BYTES, short_distance
+from unison.buffers.copy import NEAR_BYTES, copy_bytes, short_distance
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32", "float64", "int64", "float16"])
@@ -50,3 +50,19 @@ def test_copy_into_other_shapes_and_small_or_strided_arrays() -> None:
     small = np.zeros(5, np.int32)
     copy_into(small, np.arange(5, dtype=np.int32))
     assert small.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_copy_bytes_on_memoryviews_as_the_shm_rings_use_them() -> None:
+    ring = memoryview(mmap.mmap(-1, 1 << 20, mmap.MAP_SHARED))
+    user = np.zeros((256 << 10) + 4096, np.uint8)
+    base = (-user.ctypes.data) % 4096 + 16  # the user buffer 16 bytes ahead of the ring
+    src = np.frombuffer(ring, np.uint8)
+    for k in (100, 64 << 10, 256 << 10):
+        src[:k] = np.arange(k) % 251
+        dst = memoryview(user)[base : base + k]
+        assert short_distance(np.frombuffer(dst, np.uint8), src[:k])
+        copy_bytes(dst, ring[:k])
+        assert np.array_equal(user[base : base + k], src[:k]), k
+        copy_bytes(ring[4096 : 4096 + k], dst)  # and back into the ring
+        assert np.array_equal(src[4096 : 4096 + k], src[:k]), k
+    del src

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["NEAR_BYTES", "copy_into", "short_distance"]
+__all__ = ["NEAR_BYTES", "copy_bytes", "copy_into", "short_distance"]
 
 _PAGE = 4096
 #: destinations up to this many bytes ahead of the source (modulo a page) take the loop
@@ -69,3 +69,12 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
         np.positive(src.view(np.uint8), out=dst.view(np.uint8))
         return
     dst[...] = src
+
+
+def copy_bytes(dst: memoryview, src: memoryview) -> None:
+    """``dst[:] = src`` for byte memoryviews of one length (the shm rings' pieces), through
+    :func:`copy_into` where the short-distance slow path could apply."""
+    if _SMALL <= len(dst) < _LARGE:
+        copy_into(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+    else:
+        dst[:] = src
