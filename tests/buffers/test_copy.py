@@ -57,12 +57,13 @@ def test_copy_bytes_on_memoryviews_as_the_shm_rings_use_them() -> None:
     user = np.zeros((256 << 10) + 4096, np.uint8)
     base = (-user.ctypes.data) % 4096 + 16  # the user buffer 16 bytes ahead of the ring
     src = np.frombuffer(ring, np.uint8)
+    off = (512 << 10) + 4080  # 16 bytes short of a page: the copy back is short-distance too
     for k in (100, 64 << 10, 256 << 10):
         src[:k] = np.arange(k) % 251
         dst = memoryview(user)[base : base + k]
         assert short_distance(np.frombuffer(dst, np.uint8), src[:k])
         copy_bytes(dst, ring[:k])
         assert np.array_equal(user[base : base + k], src[:k]), k
-        copy_bytes(ring[4096 : 4096 + k], dst)  # and back into the ring
-        assert np.array_equal(src[4096 : 4096 + k], src[:k]), k
+        copy_bytes(ring[off : off + k], dst)  # and back into the ring
+        assert np.array_equal(src[off : off + k], src[:k]), k
     del src
