@@ -57,7 +57,7 @@ def test_copy_bytes_on_memoryviews_as_the_shm_rings_use_them() -> None:
     user = np.zeros((256 << 10) + 4096, np.uint8)
     base = (-user.ctypes.data) % 4096 + 16  # the user buffer 16 bytes ahead of the ring
     src = np.frombuffer(ring, np.uint8)
-    off = (512 << 10) + 4080  # 16 bytes short of a page: the copy back is short-distance too
+    off = (512 << 10) + 32  # 16 bytes ahead of the user buffer: short-distance back too
     for k in (100, 64 << 10, 256 << 10):
         src[:k] = np.arange(k) % 251
         dst = memoryview(user)[base : base + k]
