@@ -37,8 +37,7 @@ NEEDS = SHM_NEEDS
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    half = link.half if isinstance(link, SharedLink) else n
-    copies = (crowding(p, link) * n + min(n, half)) * link.copy
+    copies = (crowding(p, link) * n + min(n, link.half)) * link.copy
     return sync_cost(p, link) * rounds(n, link) + copies
 
 
