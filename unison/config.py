@@ -316,6 +316,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("UNISON_TCP_ALPHA", "tcp_alpha", 0.0, _positive_float, "tcp seconds per message"),
     Knob("UNISON_TCP_BETA", "tcp_beta", 0.0, _positive_float, "tcp seconds per byte"),
     Knob("UNISON_CALL_OVERHEAD", "call_overhead", 0.0, _positive_float, "seconds per call"),
+    Knob("UNISON_SHM_SYNC", "shm_sync", 0.0, _positive_float, "seconds per slot round sync"),
+    Knob(
+        "UNISON_SHM_SYNC_CROWDED",
+        "shm_sync_crowded",
+        0.0,
+        _positive_float,
+        "seconds per slot round sync, 2 ranks per core",
+    ),
     Knob("UNISON_LINK_CACHE", "link_cache", "", str, "link-model cache dir; off: none"),
     Knob(
         "UNISON_PS_ELASTIC",
@@ -368,6 +376,8 @@ class Config:
     tcp_alpha: float = 0.0
     tcp_beta: float = 0.0
     call_overhead: float = 0.0
+    shm_sync: float = 0.0
+    shm_sync_crowded: float = 0.0
     link_cache: str = ""
     elastic_timeout: float = 600.0
     ps_elastic: bool = False
