@@ -41,6 +41,7 @@ __all__ = [
     "sync_at",
     "transport_link",
     "two_level",
+    "wake",
 ]
 
 #: bytes of each rank's shared-memory slot (two halves alternate between rounds)
@@ -78,11 +79,15 @@ class Link:
     #: (:func:`sync_at` then scales :attr:`sync` by ranks per core)
     sync_crowded: float = 0.0
 
-    def at(self, n: int) -> Link:
+    def at(self, n: int, p: int = 0) -> Link:
         """The link for an operation on ``n`` bytes: per-byte costs measured in cache
-        for small operations, out of cache (:attr:`cold`) above :attr:`big`."""
+        for small operations, out of cache (:attr:`cold`) above :attr:`big`; with ``p``
+        ranks, α includes the wake-up a message step costs when ranks outnumber cores
+        (:func:`wake`), as every slot sync does (:func:`sync_at`)."""
         cold = self.cold
-        return cold if cold is not None and 0 < self.big < n else self
+        link = cold if cold is not None and 0 < self.big < n else self
+        extra = wake(p, link) if p > 1 else 0.0
+        return replace(link, alpha=link.alpha + extra) if extra > 0 else link
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,14 @@ def sync_at(p: int, link: Link) -> float:
     if link.sync_crowded > 0:
         return link.sync + max(0.0, link.sync_crowded - link.sync) * (r - 1)
     return link.sync * r
+
+
+def wake(p: int, link: Link) -> float:
+    """Seconds a step that waits for a peer costs beyond its uncrowded price when ``p``
+    ranks outnumber the host's cores: the measured crowded sync less the uncrowded one
+    (a message step waits for a peer that must be woken and given a core, as a slot
+    sync does). 0 with a core per rank or no measured sync."""
+    return max(0.0, sync_at(p, link) - link.sync) if link.sync > 0 else 0.0
 
 
 def log2ceil(p: int) -> int:

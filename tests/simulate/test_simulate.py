@@ -176,3 +176,32 @@ def test_direct_algorithms_count_their_syncs(p: int) -> None:
         moved = mod.cost(p, n, dear) - mod.cost(p, n, cheap)
         assert moved == pytest.approx(k * per_sync), mod.NAME
     assert sync_at(4, dear) == 50e-6 and sync_at(2, dear) == 5e-6
+
+
+def test_crowded_waits_price_messages_too_and_the_selector_weighs_syncs() -> None:
+    """With ranks over cores a message step waits for a woken peer as a slot sync does:
+    α carries the extra (``wake``), so a dear crowded sync does not hand small
+    operations to the message algorithms; it does make the one-sync all-reduce win
+    where the two-sync one saved copies."""
+    from unison.algorithms.select import choose
+    from unison.link import SharedLink, sync_at, wake
+
+    def link(crowded: float) -> SharedLink:
+        return SharedLink(
+            alpha=20e-6, beta=1 / 7e9, gamma=1 / 20e9, copy=1 / 20e9, cores=2, sync=8e-6,
+            sync_crowded=crowded,
+        )  # fmt: skip
+
+    dear = link(300e-6)
+    assert wake(2, dear) == 0.0 and dear.at(1 << 20, 2) is dear
+    assert wake(4, dear) == pytest.approx(sync_at(4, dear) - 8e-6)
+    assert dear.at(1 << 20, 4).alpha == pytest.approx(20e-6 + 292e-6)
+    plain = Link(alpha=20e-6)
+    assert plain.at(1 << 20, 4) is plain  # no shared slots, no measured sync: as before
+    n = 512 << 10
+    assert choose("all_reduce", 4, n, link(9e-6), {}).name == "shm"  # copies decide
+    assert choose("all_reduce", 4, n, dear, {}).name == "shm_one"  # one sync fewer
+    for coll in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+        for size in (8 << 10, 128 << 10, n):
+            got = choose(coll, 4, size, dear, {}).name
+            assert got.startswith("shm"), (coll, size, got)
