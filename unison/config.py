@@ -30,6 +30,7 @@ __all__ = [
     "ENV_LOCAL_RANK",
     "ENV_LOCAL_SIZE",
     "ENV_NUM_SERVERS",
+    "ENV_PS_JOIN",
     "ENV_RANK",
     "ENV_ROLE",
     "ENV_SECRET",
@@ -61,6 +62,7 @@ ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob, read by job detecti
 ENV_NUM_SERVERS = "UNISON_NUM_SERVERS"  # parameter-server processes: the last N ranks
 ENV_ROLE = "UNISON_ROLE"  # "worker" or "server" (parameter server), overrides the above
 ENV_ELASTIC_ID = "UNISON_ELASTIC_ID"  # elastic jobs: this worker's id (see unison.elastic)
+ENV_PS_JOIN = "UNISON_PS_JOIN"  # elastic parameter server: join the running job as this worker
 ENV_OUTPUT_TTY = "UNISON_OUTPUT_TTY"  # "1": the launcher's output is a terminal
 
 _IDENTITY = {
@@ -78,6 +80,8 @@ _IDENTITY = {
     ENV_ROLE: "this process's parameter-server role, worker or server (overrides the above)",
     ENV_ELASTIC_ID: "set by unison run in an elastic job: this worker's id; init() then takes "
     "its rank and size from the driver's latest round (unison.elastic)",
+    ENV_PS_JOIN: "set by unison run --servers in an elastic job: this worker joins the "
+    "running parameter-server job with this worker id (unison.ps.join)",
     ENV_OUTPUT_TTY: "set by unison run: 1 when its output is a terminal (progress bars make "
     "sense), else 0",
 }

@@ -1,0 +1,55 @@
+"""An elastic parameter-server worker for tests/ps/test_ps_elastic_jobs.py.
+
+``python -m tests.ps._elastic_train MODE FLAGDIR STEPS``: MODE ``bsp`` or ``ssp``
+(``SSP(2)``). Worker 1 of the first world pushes at clock 3 and kills itself (SIGKILL)
+before finishing that step; the others stop before their pull at clock 5 until its
+replacement has joined and pulled (a file in FLAGDIR, no timing), so the servers' state
+at that moment is known exactly. Every pull is printed; workers push ``id + 1``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import unison.ps as ps
+
+KILL_AT, WAIT_AT = 3, 5
+
+
+def main() -> None:
+    mode, flagdir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    kv = ps.init(consistency=ps.BSP() if mode == "bsp" else ps.SSP(2))
+    kv.init_params({"w": np.zeros(8)})
+    kv.set_optimizer(ps.Sum())
+    me, joined = kv.rank, kv.joined_at is not None
+    flag = os.path.join(flagdir, "joined")
+    if joined:
+        first = kv.pull("w")["w"]
+        print(f"JOINED {me} {kv.joined_at} {kv.num_workers} {first.tolist()}", flush=True)
+        open(flag, "w").close()
+    while kv.current_clock < steps:
+        c = kv.current_clock
+        if not joined and c == WAIT_AT:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag):
+                if time.monotonic() > deadline:
+                    raise SystemExit("no replacement joined within 60 s")
+                time.sleep(0.05)
+        w = kv.pull("w")["w"]
+        print(f"PULL {me} {c} {w[0]:g}", flush=True)
+        kv.push({"w": np.full(8, me + 1.0)})
+        if not joined and me == 1 and c == KILL_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+        kv.clock()
+    kv.barrier()
+    print(f"FINAL {me} {kv.current_clock} {kv.pull('w')['w'].tolist()}", flush=True)
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()
