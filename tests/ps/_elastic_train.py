@@ -5,6 +5,7 @@
 before finishing that step; the others stop before their pull at clock 5 until its
 replacement has joined and pulled (a file in FLAGDIR, no timing), so the servers' state
 at that moment is known exactly. Every pull is printed; workers push ``id + 1``.
+MODE ``killserver``: BSP, and worker 0 SIGKILLs the last rank (a server) at clock 2.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import time
 import numpy as np
 
 import unison.ps as ps
+from unison.world import current
 
 KILL_AT, WAIT_AT = 3, 5
 
 
 def main() -> None:
     mode, flagdir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    kv = ps.init(consistency=ps.BSP() if mode == "bsp" else ps.SSP(2))
+    kv = ps.init(consistency=ps.SSP(2) if mode == "ssp" else ps.BSP())
     kv.init_params({"w": np.zeros(8)})
     kv.set_optimizer(ps.Sum())
     me, joined = kv.rank, kv.joined_at is not None
@@ -40,6 +42,9 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise SystemExit("no replacement joined within 60 s")
                 time.sleep(0.05)
+        if mode == "killserver" and me == 0 and c == 2:
+            rt = current()
+            os.kill(rt.infos[rt.size - 1].pid, signal.SIGKILL)  # type: ignore[attr-defined]
         w = kv.pull("w")["w"]
         print(f"PULL {me} {c} {w[0]:g}", flush=True)
         kv.push({"w": np.full(8, me + 1.0)})
