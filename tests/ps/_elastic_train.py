@@ -6,6 +6,9 @@ before finishing that step; the others stop before their pull at clock 5 until i
 replacement has joined and pulled (a file in FLAGDIR, no timing), so the servers' state
 at that moment is known exactly. Every pull is printed; workers push ``id + 1``.
 MODE ``killserver``: BSP, and worker 0 SIGKILLs the last rank (a server) at clock 2.
+MODE ``host``: BSP, nobody kills itself; worker 0 prints ``READY`` at clock 3 (the test
+then kills a whole host) and the first workers wait at clock 5 for ``PS_TEST_JOINS``
+replacements.
 """
 
 from __future__ import annotations
@@ -29,18 +32,20 @@ def main() -> None:
     kv.init_params({"w": np.zeros(8)})
     kv.set_optimizer(ps.Sum())
     me, joined = kv.rank, kv.joined_at is not None
-    flag = os.path.join(flagdir, "joined")
+    joins = int(os.environ.get("PS_TEST_JOINS", "1"))
     if joined:
         first = kv.pull("w")["w"]
         print(f"JOINED {me} {kv.joined_at} {kv.num_workers} {first.tolist()}", flush=True)
-        open(flag, "w").close()
+        open(os.path.join(flagdir, f"joined-{me}"), "w").close()
     while kv.current_clock < steps:
         c = kv.current_clock
+        if mode == "host" and me == 0 and c == KILL_AT and not joined:
+            print("READY", flush=True)
         if not joined and c == WAIT_AT:
             deadline = time.monotonic() + 60
-            while not os.path.exists(flag):
+            while sum(f.startswith("joined-") for f in os.listdir(flagdir)) < joins:
                 if time.monotonic() > deadline:
-                    raise SystemExit("no replacement joined within 60 s")
+                    raise SystemExit(f"{joins} replacements did not join within 60 s")
                 time.sleep(0.05)
         if mode == "killserver" and me == 0 and c == 2:
             rt = current()
@@ -48,7 +53,7 @@ def main() -> None:
         w = kv.pull("w")["w"]
         print(f"PULL {me} {c} {w[0]:g}", flush=True)
         kv.push({"w": np.full(8, me + 1.0)})
-        if not joined and me == 1 and c == KILL_AT:
+        if mode in ("bsp", "ssp") and not joined and me == 1 and c == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
         kv.clock()
     kv.barrier()
