@@ -9,6 +9,7 @@ MODE ``killserver``: BSP, and worker 0 SIGKILLs the last rank (a server) at cloc
 MODE ``host``: BSP, nobody kills itself; worker 0 prints ``READY`` at clock 3 (the test
 then kills a whole host) and the first workers wait at clock 5 for ``PS_TEST_JOINS``
 replacements.
+With ``PS_TEST_CRASH_JOIN=1`` the first replacement exits (status 5) before ``ps.init``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ KILL_AT, WAIT_AT = 3, 5
 
 def main() -> None:
     mode, flagdir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if os.environ.get("UNISON_PS_JOIN") and os.environ.get("PS_TEST_CRASH_JOIN"):
+        marker = os.path.join(flagdir, "crashed")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(5)
     kv = ps.init(consistency=ps.SSP(2) if mode == "ssp" else ps.BSP())
     kv.init_params({"w": np.zeros(8)})
     kv.set_optimizer(ps.Sum())

@@ -26,10 +26,12 @@ STEPS = 8
 ELASTIC = ["-np", "4", "--min-np", "3", "--max-np", "4", "--servers", "1"]
 
 
-def _job(tmp: Path, mode: str, *hosts: str) -> subprocess.CompletedProcess[str]:
+def _job(
+    tmp: Path, mode: str, *hosts: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "unison.launch.cli", "run", "--timeout", "30", *ELASTIC]
     argv += [*hosts, sys.executable, "-m", "tests.ps._elastic_train", mode, str(tmp), str(STEPS)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=110, cwd=ROOT)
 
 
@@ -54,13 +56,13 @@ def _state_before(clock: int, bsp: bool) -> float:
     return sum(_contribution(c, bsp) for c in range(clock))
 
 
-def _check_job(r: subprocess.CompletedProcess[str], bsp: bool) -> None:
+def _check_job(r: subprocess.CompletedProcess[str], bsp: bool, cooldown: str) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     err = r.stderr
     assert (
-        "blacklisting host localhost for good: worker 1 on host localhost failed "
+        f"blacklisting host localhost {cooldown}: worker 1 on host localhost failed "
         "(killed by SIGKILL)" in err
-    )
+    ), err[-3000:]
     assert "starting worker 1 on host 127.0.0.1 (replaces the lost worker" in err
     assert "worker rank 1 left the job" in err  # the server took its clock out
     assert "worker 1 joined the job at clock 5" in err
@@ -90,16 +92,33 @@ def _check_job(r: subprocess.CompletedProcess[str], bsp: bool) -> None:
 
 def test_bsp_worker_killed_others_finish_and_the_replacement_rejoins(tmp_path: Path) -> None:
     r = _job(tmp_path, "bsp", "-H", "localhost:3,127.0.0.1:2")
-    _check_job(r, bsp=True)
+    _check_job(r, bsp=True, cooldown="for good")
     assert "elastic parameter-server job: 3 workers and 1 servers" in r.stderr
 
 
 def test_ssp_job_from_a_discovery_script(tmp_path: Path) -> None:
+    # the first replacement dies before it connects: the launcher cancels the servers'
+    # wait for it (they would wait out --timeout), and the next replacement joins
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:3\necho 127.0.0.1:2\n")
     script.chmod(0o755)
-    r = _job(tmp_path, "ssp", "--host-discovery-script", str(script))
-    _check_job(r, bsp=False)
+    r = _job(
+        tmp_path,
+        "ssp",
+        "--host-discovery-script",
+        str(script),
+        "--blacklist-cooldown-range",
+        "1",
+        "2",
+        env={"PS_TEST_CRASH_JOIN": "1"},
+    )
+    _check_job(r, bsp=False, cooldown="for 1 s")
+    assert re.search(
+        r"worker 1 \(join 1\) did not connect: .*the rendezvous was cancelled: "
+        r"worker 1 on host 127\.0\.0\.1 failed \(exit code 5\)",
+        r.stderr,
+    ), r.stderr[-3000:]
+    assert r.stderr.count("(replaces the lost worker; it joins the running servers)") == 2
 
 
 def test_lost_server_ends_the_job_naming_it(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ starts one world of ``-np`` processes (more if slots allow, up to ``--max-np``),
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from typing import Any
 
 from .. import config as C
 from ..elastic import Member, assign, plan
+from ..ps.join import cancel_join, claim_ticket
 from .elastic import ElasticDriver, _Worker
 from .supervise import describe_exit
 
@@ -44,7 +46,7 @@ __all__ = ["PsElasticDriver"]
 class _Role:
     server: bool
     index: int  # server index, or worker id
-    joins: bool = False  # started after the first world: joins the running servers
+    ticket: int = 0  # started after the first world: the join it was given (else 0)
 
 
 class PsElasticDriver(ElasticDriver):
@@ -82,7 +84,9 @@ class PsElasticDriver(ElasticDriver):
             what = "replaces the lost worker" if self.free_ids else "a new worker"
             wid = self.free_ids.pop(0) if self.free_ids else self._new_id()
             m = Member(f"{host}[{len(self.workers)}]", host, rank=wid)
-            self.roles[m.id] = _Role(False, wid, joins=True)
+            # claimed before the worker starts: the servers open its world at once, and
+            # the driver can cancel their wait if it dies before connecting
+            self.roles[m.id] = _Role(False, wid, claim_ticket(self.client, wid))
             if host not in self.host_order:
                 self.host_order.append(host)
             self._say(
@@ -143,11 +147,12 @@ class PsElasticDriver(ElasticDriver):
 
     def _environment(self, m: Member, size: int, servers: int = 0) -> dict[str, str]:
         role = self.roles[m.id]
-        if not role.joins:
+        if not role.ticket:
             return super()._environment(m, size, self.num_servers)
         env = super()._environment(m, size, 0)
         env[C.ENV_ROLE] = "worker"
         env[C.ENV_PS_JOIN] = str(role.index)
+        env[C.ENV_PS_JOIN_TICKET] = str(role.ticket)
         return env
 
     # -- exits --------------------------------------------------------------------------
@@ -169,10 +174,13 @@ class PsElasticDriver(ElasticDriver):
         if rc == 0:
             self.succeeded = True
             return
-        if w.ended_by_driver or self.failure is not None or self.succeeded:
-            return
         host = w.member.host
         why = f"worker {role.index} on host {host} failed ({describe_exit(rc)})"
+        if role.ticket:  # if it died before it connected, the servers stop waiting for it
+            with contextlib.suppress(Exception):
+                cancel_join(self.client, role.ticket, why)
+        if w.ended_by_driver or self.failure is not None or self.succeeded:
+            return
         delay = self.blacklist.add(host)
         self._say(
             f"blacklisting host {host} "

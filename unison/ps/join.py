@@ -8,9 +8,12 @@ job's store:
 
 1. the servers publish the job's settings under :data:`JOB_KEY` when they start serving
    (number of servers, consistency, ``split_bytes``);
-2. the worker takes a ticket ``n`` (a store counter), writes its id under
-   ``unison/ps/join/<n>`` and opens world ``n`` of ``servers + 1`` ranks: server ``i`` is
-   rank ``i``, the worker is rank ``servers``;
+2. a ticket ``n`` is claimed for the worker (a store counter; its id is written under
+   ``unison/ps/join/<n>``): by the launcher before it starts the worker
+   (``UNISON_PS_JOIN_TICKET``), so that it can cancel the servers' wait for a worker that
+   dies before it connects (:func:`cancel_join`), or else by the worker itself; the
+   worker opens world ``n`` of ``servers + 1`` ranks: server ``i`` is rank ``i``, the
+   worker is rank ``servers``;
 3. each server watches the tickets in order (:class:`JoinWatcher`), opens the same world
    and serves the worker over it beside everyone else.
 
@@ -29,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config as C
+from ..bootstrap import CANCEL_KEY
 from ..config import Config
 from ..errors import InvalidArgumentError, MismatchError, StoreTimeoutError, UnsupportedError
 from ..jobenv import JobInfo, detect_job
@@ -36,7 +40,16 @@ from ..log import get_logger
 from ..store import FileStore, Store, TCPStore
 from .consistency import Consistency
 
-__all__ = ["JOB_KEY", "JoinWatcher", "join_id", "open_join_world", "publish_job", "request_join"]
+__all__ = [
+    "JOB_KEY",
+    "JoinWatcher",
+    "cancel_join",
+    "claim_ticket",
+    "join_id",
+    "open_join_world",
+    "publish_job",
+    "request_join",
+]
 
 log = get_logger("ps")
 
@@ -61,6 +74,20 @@ def join_id() -> int | None:
     if wid < 0:
         raise InvalidArgumentError(f"{C.ENV_PS_JOIN}={wid}: a worker id is >= 0")
     return wid
+
+
+def claim_ticket(store: Store, worker: int) -> int:
+    """Claim the next join for ``worker``: the servers open it in ticket order."""
+    ticket = store.add(_TICKETS, 1)
+    store.set(_JOIN.format(n=ticket), json.dumps({"id": worker}).encode())
+    return ticket
+
+
+def cancel_join(store: Store, ticket: int, why: str) -> None:
+    """Make the servers stop waiting for join ``ticket`` (its worker died before it
+    connected); harmless once the worker has joined. The rendezvous key is the one the
+    native runtime uses for elastic round ``JOIN_EPOCH + ticket``."""
+    store.set(CANCEL_KEY.format(epoch=(1 << 30) + JOIN_EPOCH + ticket), why.encode())
 
 
 def _job_of(world: Any) -> JobInfo:
@@ -147,8 +174,8 @@ def request_join(
                 f"uses {settings['split_bytes']}",
                 op="ps.init",
             )
-        ticket = store.add(_TICKETS, 1)
-        store.set(_JOIN.format(n=ticket), json.dumps({"id": worker}).encode())
+        raw_ticket = os.environ.get(C.ENV_PS_JOIN_TICKET, "").strip()
+        ticket = int(raw_ticket) if raw_ticket else claim_ticket(store, worker)
     finally:
         store.close()
     servers = int(settings["servers"])
