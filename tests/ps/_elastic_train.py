@@ -9,6 +9,9 @@ MODE ``killserver``: BSP, and worker 0 SIGKILLs the last rank (a server) at cloc
 MODE ``host``: BSP, nobody kills itself; worker 0 prints ``READY`` at clock 3 (the test
 then kills a whole host) and the first workers wait at clock 5 for ``PS_TEST_JOINS``
 replacements.
+MODE ``grow``: BSP, nobody is lost; worker 0 creates FLAGDIR/grow at clock 2 (the
+discovery script then lists one more slot) and the first workers wait at clock 5 for
+the new worker.
 With ``PS_TEST_CRASH_JOIN=1`` the first replacement exits (status 5) before ``ps.init``.
 """
 
@@ -47,6 +50,8 @@ def main() -> None:
         c = kv.current_clock
         if mode == "host" and me == 0 and c == KILL_AT and not joined:
             print("READY", flush=True)
+        if mode == "grow" and me == 0 and c == 2:
+            open(os.path.join(flagdir, "grow"), "w").close()
         if not joined and c == WAIT_AT:
             deadline = time.monotonic() + 60
             while sum(f.startswith("joined-") for f in os.listdir(flagdir)) < joins:

@@ -129,3 +129,36 @@ def test_lost_server_ends_the_job_naming_it(tmp_path: Path) -> None:
         "the job cannot go on without its shards" in r.stderr
     ), r.stderr[-3000:]
     assert "FINAL" not in r.stdout  # the workers were ended (what they see: test_ps_elastic.py)
+
+
+def test_discovery_adds_a_slot_and_a_new_worker_joins(tmp_path: Path) -> None:
+    # 2 workers + 1 server; worker 0 makes the script list a 4th slot at clock 2: a new
+    # worker (id 2, a new id) joins at the slowest clock; BSP, ids push id + 1
+    script = tmp_path / "discover.sh"
+    grow = tmp_path / "grow"
+    script.write_text(
+        f"#!/bin/sh\nif [ -e {grow} ]; then echo localhost:4; else echo localhost:3; fi\n"
+    )
+    script.chmod(0o755)
+    argv = [sys.executable, "-m", "unison.launch.cli", "run", "--timeout", "30"]
+    argv += ["-np", "3", "--min-np", "2", "--max-np", "4", "--servers", "1"]
+    argv += ["--host-discovery-script", str(script), sys.executable, "-m"]
+    argv += ["tests.ps._elastic_train", "grow", str(tmp_path), str(STEPS)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=110, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "elastic parameter-server job: 2 workers and 1 servers" in r.stderr, r.stderr
+    assert (
+        "elastic reset 1: new slots from host discovery; starting worker 2 on host "
+        "localhost (a new worker; it joins the running servers)" in r.stderr
+    ), r.stderr[-3000:]
+    per_clock = [3.0 * min(c, 5) + 6.0 * max(0, c - 5) for c in range(STEPS + 1)]
+    ((joined,),) = _lines(r.stdout, "JOINED").values()
+    assert joined == ["5", f"3 {[per_clock[5]] * 8}"], joined  # clock 5, 3 worker ids
+    pulls = _lines(r.stdout, "PULL")
+    assert sorted(pulls) == [0, 1, 2] and [c for c, _ in pulls[2]] == ["5", "6", "7"], pulls
+    for seen in pulls.values():
+        for c, v in seen:
+            assert float(v) == per_clock[int(c)], (c, v, pulls)
+    final = _lines(r.stdout, "FINAL")
+    assert {tuple(v[0]) for v in final.values()} == {(str(STEPS), str([per_clock[STEPS]] * 8))}

@@ -149,7 +149,9 @@ class PsElasticDriver(ElasticDriver):
         role = self.roles[m.id]
         if not role.ticket:
             return super()._environment(m, size, self.num_servers)
-        env = super()._environment(m, size, 0)
+        # its identity is that of its own world with the servers: rank `servers` of S + 1
+        place = Member(m.id, m.host, rank=self.num_servers)
+        env = super()._environment(place, self.num_servers + 1, 0)
         env[C.ENV_ROLE] = "worker"
         env[C.ENV_PS_JOIN] = str(role.index)
         env[C.ENV_PS_JOIN_TICKET] = str(role.ticket)
