@@ -17,6 +17,11 @@ Roles: with ``UNISON_NUM_SERVERS=N`` (``unison run --servers N`` sets it) the
 **last** N ranks are servers and ranks 0 .. size-N-1 are workers, so worker i is
 rank i; ``UNISON_ROLE=server|worker`` on a process overrides that (for other
 launchers). :func:`init` is collective over every rank of the job.
+
+Elastic jobs (``UNISON_PS_ELASTIC=1``; ``unison run --servers N`` with ``--min-np``,
+``--max-np`` or ``--host-discovery-script``): a lost worker leaves the consistency
+clocks instead of failing the others, and a worker started later with
+``UNISON_PS_JOIN=<id>`` joins the running servers in :func:`init` (:mod:`.join`).
 """
 
 from __future__ import annotations
@@ -181,6 +186,8 @@ def init(
     when a worker was lost). ``consistency`` defaults to :class:`BSP`; tensors of
     ``split_bytes`` or more are split across all servers. Every rank must pass
     the same settings (a server may pass ``consistency=None`` to take the workers').
+    A worker started with ``UNISON_PS_JOIN`` joins a running elastic job instead (not
+    collective): its :attr:`KVStore.joined_at` is the clock it starts at.
     """
     wid = join_id()
     if wid is not None:
