@@ -331,7 +331,8 @@ KNOBS: tuple[Knob, ...] = (
         False,
         _bool,
         "unison.ps: a lost worker leaves the job (its clock stops holding back SSP/BSP) "
-        "instead of failing every other worker",
+        "instead of failing every other worker, and workers may join it (UNISON_PS_JOIN); "
+        "set by unison run --servers in an elastic job",
     ),
     Knob(
         "UNISON_ELASTIC_TIMEOUT",
