@@ -93,7 +93,7 @@ def _check_job(r: subprocess.CompletedProcess[str], bsp: bool, cooldown: str) ->
 def test_bsp_worker_killed_others_finish_and_the_replacement_rejoins(tmp_path: Path) -> None:
     r = _job(tmp_path, "bsp", "-H", "localhost:3,127.0.0.1:2")
     _check_job(r, bsp=True, cooldown="for good")
-    assert "elastic parameter-server job: 3 workers and 1 servers" in r.stderr
+    assert "elastic parameter-server job: 3 workers, 1 server (rank 3); 4 ranks" in r.stderr
 
 
 def test_ssp_job_from_a_discovery_script(tmp_path: Path) -> None:
@@ -147,7 +147,9 @@ def test_discovery_adds_a_slot_and_a_new_worker_joins(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=110, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "elastic parameter-server job: 2 workers and 1 servers" in r.stderr, r.stderr
+    assert "elastic parameter-server job: 2 workers, 1 server (rank 2); 3 ranks" in r.stderr, (
+        r.stderr
+    )
     assert (
         "elastic reset 1: new slots from host discovery; starting worker 2 on host "
         "localhost (a new worker; it joins the running servers)" in r.stderr

@@ -74,7 +74,7 @@ class PsElasticDriver(ElasticDriver):
         if self.round < 0:
             self._start_job(new_hosts)
             return
-        if self.succeeded:
+        if self.succeeded or self.failure is not None:
             return
         if self.reset_limit is not None and self.resets + len(new_hosts) > self.reset_limit:
             self._fail(f"reset limit {self.reset_limit} exceeded ({reason})", 1)
@@ -138,9 +138,13 @@ class PsElasticDriver(ElasticDriver):
             if m.host not in self.host_order:
                 self.host_order.append(m.host)
         layout = ", ".join(f"{h}:{n}" for h, n in per.items())
+        served = (
+            f"1 server (rank {workers})"
+            if self.num_servers == 1
+            else f"{self.num_servers} servers (ranks {workers}-{size - 1})"
+        )
         self._say(
-            f"elastic parameter-server job: {workers} workers and {self.num_servers} servers "
-            f"(ranks {workers}-{size - 1}); {size} ranks ({layout})"
+            f"elastic parameter-server job: {workers} workers, {served}; {size} ranks ({layout})"
         )
         for m in sorted(fresh, key=lambda m: m.rank or 0):
             self._start(m, size)
