@@ -12,6 +12,9 @@ replacements.
 MODE ``grow``: BSP, nobody is lost; worker 0 creates FLAGDIR/grow at clock 2 (the
 discovery script then lists one more slot) and the first workers wait at clock 5 for
 the new worker.
+MODE ``dropserver``: BSP, nobody is lost; worker 0 creates FLAGDIR/drop at clock 2 (the
+discovery script then stops listing the server's host); nobody joins, so the workers
+wait at clock 5 until the launcher ends the job.
 With ``PS_TEST_CRASH_JOIN=1`` the first replacement exits (status 5) before ``ps.init``.
 """
 
@@ -50,8 +53,8 @@ def main() -> None:
         c = kv.current_clock
         if mode == "host" and me == 0 and c == KILL_AT and not joined:
             print("READY", flush=True)
-        if mode == "grow" and me == 0 and c == 2:
-            open(os.path.join(flagdir, "grow"), "w").close()
+        if mode in ("grow", "dropserver") and me == 0 and c == 2:
+            open(os.path.join(flagdir, mode.replace("server", "")), "w").close()
         if not joined and c == WAIT_AT:
             deadline = time.monotonic() + 60
             while sum(f.startswith("joined-") for f in os.listdir(flagdir)) < joins:

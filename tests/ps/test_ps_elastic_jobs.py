@@ -129,6 +129,18 @@ def test_lost_server_ends_the_job_naming_it(tmp_path: Path) -> None:
         "the job cannot go on without its shards" in r.stderr
     ), r.stderr[-3000:]
     assert "FINAL" not in r.stdout  # the workers were ended (what they see: test_ps_elastic.py)
+    # discovery stops listing the server's host: the job ends too
+    script = tmp_path / "discover.sh"
+    drop = tmp_path / "drop"
+    script.write_text(f"#!/bin/sh\necho localhost:3\n[ -e {drop} ] || echo 127.0.0.1:2\n")
+    script.chmod(0o755)
+    r = _job(tmp_path, "dropserver", "--host-discovery-script", str(script))
+    assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-3000:])
+    assert (
+        "host 127.0.0.1, which runs parameter server 0 (rank 3), was removed by host "
+        "discovery; the job cannot go on without its shards" in r.stderr
+    ), r.stderr[-3000:]
+    assert "FINAL" not in r.stdout and "starting worker" not in r.stderr
 
 
 def test_discovery_adds_a_slot_and_a_new_worker_joins(tmp_path: Path) -> None:
