@@ -227,11 +227,14 @@ def test_elastic_loss_drops_the_unfinished_step_and_a_join_starts_at_the_slowest
     assert served.worker == 0 and served.status is PsStatus.OK
     assert st.shards[("x", 0)][0] == 6.0 + 10.0 + 30.0  # its unfinished step is dropped
     # a replacement with id 1 joins: it starts at the slowest live clock (2), later than
-    # its predecessor's (1); the barrier count of the live workers carries over
-    st.handle(WorkerRequest(0, PsOp.BARRIER, 7, 2))
+    # its predecessor's (1), and at barrier 0: the barrier worker 0 waits in waits for it
+    assert st.handle(WorkerRequest(0, PsOp.BARRIER, 7, 2)) == []
     (ok,) = [r for r in st.handle(WorkerRequest(1, PsOp.JOIN, 8, 0)) if r.worker == 1]
     assert ok.status is PsStatus.OK and ok.meta == {"clock": 2, "workers": 3}
-    assert st.clocks[1] == 2 and st.barriers[1] == 1 and 1 not in st.gone
+    assert st.clocks[1] == 2 and st.barriers[1] == 0 and 1 not in st.gone
+    assert st.handle(WorkerRequest(2, PsOp.BARRIER, 7, 2)) == []
+    released = st.handle(WorkerRequest(1, PsOp.BARRIER, 7, 2))
+    assert sorted(r.worker for r in released) == [0, 1, 2]
     # held at 2: clock 2 is applied only once the replacement has finished it too
     for w in W:
         _push(st, w, 2, 100.0)

@@ -257,12 +257,13 @@ class ServerState:
         if w in self.clocks and w not in self.gone:  # its predecessor's loss is still in flight
             out.extend(self.lost(w, "replaced by a worker with the same id"))
         start = self.start_clock(w)
-        live_barriers = [n for v, n in self.barriers.items() if v not in self.gone]
         if w not in self.workers:
             self.workers.append(w)
         self.gone.discard(w)
         self.clocks[w] = start
-        self.barriers[w] = max(live_barriers, default=0)
+        # it runs the script from the top: its k-th barrier() is everyone's k-th, so the
+        # barriers the others have passed return at once and one they wait in waits for it
+        self.barriers[w] = 0
         log.warning("worker %d joined the job at clock %d", w, start)
         out.append(self._ok(req, {"clock": start, "workers": len(self.workers)}))
         out.extend(self._progress())
