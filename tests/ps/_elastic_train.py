@@ -40,7 +40,8 @@ def main() -> None:
         if not os.path.exists(marker):
             open(marker, "w").close()
             os._exit(5)
-    kv = ps.init(consistency=ps.SSP(2) if mode == "ssp" else ps.BSP())
+    split = int(os.environ.get("PS_TEST_SPLIT_BYTES", str(1 << 20)))  # 16: over 2 servers
+    kv = ps.init(consistency=ps.SSP(2) if mode == "ssp" else ps.BSP(), split_bytes=split)
     kv.init_params({"w": np.zeros(8)})
     kv.set_optimizer(ps.Sum())
     me, joined = kv.rank, kv.joined_at is not None

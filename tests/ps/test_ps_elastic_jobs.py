@@ -144,28 +144,28 @@ def test_lost_server_ends_the_job_naming_it(tmp_path: Path) -> None:
 
 
 def test_discovery_adds_a_slot_and_a_new_worker_joins(tmp_path: Path) -> None:
-    # 2 workers + 1 server; worker 0 makes the script list a 4th slot at clock 2: a new
-    # worker (id 2, a new id) joins at the slowest clock; BSP, ids push id + 1
+    # 2 workers + 2 servers, the key split over both; worker 0 makes the script list a
+    # 5th slot at clock 2: a new worker (id 2, a new id) joins at the slowest clock, the
+    # same on both servers; BSP, ids push id + 1
     script = tmp_path / "discover.sh"
     grow = tmp_path / "grow"
     script.write_text(
-        f"#!/bin/sh\nif [ -e {grow} ]; then echo localhost:4; else echo localhost:3; fi\n"
+        f"#!/bin/sh\nif [ -e {grow} ]; then echo localhost:5; else echo localhost:4; fi\n"
     )
     script.chmod(0o755)
     argv = [sys.executable, "-m", "unison.launch.cli", "run", "--timeout", "30"]
-    argv += ["-np", "3", "--min-np", "2", "--max-np", "4", "--servers", "1"]
+    argv += ["-np", "4", "--min-np", "3", "--max-np", "5", "--servers", "2"]
     argv += ["--host-discovery-script", str(script), sys.executable, "-m"]
     argv += ["tests.ps._elastic_train", "grow", str(tmp_path), str(STEPS)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PS_TEST_SPLIT_BYTES="16")
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=110, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "elastic parameter-server job: 2 workers, 1 server (rank 2); 3 ranks" in r.stderr, (
-        r.stderr
-    )
+    assert "elastic parameter-server job: 2 workers, 2 servers (ranks 2-3); 4 ranks" in r.stderr
     assert (
         "elastic reset 1: new slots from host discovery; starting worker 2 on host "
         "localhost (a new worker; it joins the running servers)" in r.stderr
     ), r.stderr[-3000:]
+    assert r.stderr.count("worker 2 joined the job at clock 5") == 2, r.stderr  # each server
     per_clock = [3.0 * min(c, 5) + 6.0 * max(0, c - 5) for c in range(STEPS + 1)]
     ((joined,),) = _lines(r.stdout, "JOINED").values()
     assert joined == ["5", f"3 {[per_clock[5]] * 8}"], joined  # clock 5, 3 worker ids
