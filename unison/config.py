@@ -30,6 +30,8 @@ __all__ = [
     "ENV_LOCAL_RANK",
     "ENV_LOCAL_SIZE",
     "ENV_NUM_SERVERS",
+    "ENV_PS_JOIN",
+    "ENV_PS_JOIN_TICKET",
     "ENV_RANK",
     "ENV_ROLE",
     "ENV_SECRET",
@@ -61,6 +63,8 @@ ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob, read by job detecti
 ENV_NUM_SERVERS = "UNISON_NUM_SERVERS"  # parameter-server processes: the last N ranks
 ENV_ROLE = "UNISON_ROLE"  # "worker" or "server" (parameter server), overrides the above
 ENV_ELASTIC_ID = "UNISON_ELASTIC_ID"  # elastic jobs: this worker's id (see unison.elastic)
+ENV_PS_JOIN = "UNISON_PS_JOIN"  # elastic parameter server: join the running job as this worker
+ENV_PS_JOIN_TICKET = "UNISON_PS_JOIN_TICKET"  # ... through this join, claimed by the launcher
 ENV_OUTPUT_TTY = "UNISON_OUTPUT_TTY"  # "1": the launcher's output is a terminal
 
 _IDENTITY = {
@@ -78,6 +82,10 @@ _IDENTITY = {
     ENV_ROLE: "this process's parameter-server role, worker or server (overrides the above)",
     ENV_ELASTIC_ID: "set by unison run in an elastic job: this worker's id; init() then takes "
     "its rank and size from the driver's latest round (unison.elastic)",
+    ENV_PS_JOIN: "set by unison run --servers in an elastic job: this worker joins the "
+    "running parameter-server job with this worker id (unison.ps.join)",
+    ENV_PS_JOIN_TICKET: "set by unison run with UNISON_PS_JOIN: the join the launcher claimed "
+    "for this worker (so it can cancel the servers' wait if the worker dies first)",
     ENV_OUTPUT_TTY: "set by unison run: 1 when its output is a terminal (progress bars make "
     "sense), else 0",
 }
@@ -331,7 +339,8 @@ KNOBS: tuple[Knob, ...] = (
         False,
         _bool,
         "unison.ps: a lost worker leaves the job (its clock stops holding back SSP/BSP) "
-        "instead of failing every other worker",
+        "instead of failing every other worker, and workers may join it (UNISON_PS_JOIN); "
+        "set by unison run --servers in an elastic job",
     ),
     Knob(
         "UNISON_ELASTIC_TIMEOUT",
