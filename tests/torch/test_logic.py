@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from unison.torch.cache import ResponseCache, and_bits, bits_to_ids, ids_to_bits
-from unison.torch.fusion import plan
+from unison.torch.fusion import ALONE_BYTES, plan
 from unison.torch.negotiation import (
     Coordinator,
     HvdOp,
@@ -169,6 +169,10 @@ def test_fusion_plan_groups_compatible_neighbours_up_to_the_threshold() -> None:
     assert plan(rs[:2], [16, 16], 20) == [[0], [1]]
     assert plan([Response(ar(str(i))) for i in range(5)], [10] * 5, 30) == [[0, 1, 2], [3, 4]]
     assert plan([], [], 10) == []
+    # a tensor of ALONE_BYTES or more is reduced in place, never packed with its neighbours
+    big = ALONE_BYTES
+    five = [Response(ar(str(i))) for i in range(5)]
+    assert plan(five, [16, big, 16, 16, big - 1], 1 << 30) == [[0], [1], [2, 3, 4]]
 
 
 def test_stall_inspector_warns_once_per_interval_and_names_missing_ranks() -> None:

@@ -2,8 +2,11 @@
 
 Pure logic. Consecutive all-reduces with the same dtype, op and scale factors
 are packed, in execution order, into one buffer of at most ``threshold`` bytes
-(a single tensor larger than the threshold travels alone). Every rank plans the
-same batches because it executes the same responses.
+(a single tensor larger than the threshold travels alone). A tensor of at least
+:data:`ALONE_BYTES` also travels alone: reduced in place it skips the copies into and
+out of the fusion buffer (two passes over its bytes, milliseconds at that size),
+which cost more than the one more collective it takes. Every rank plans the same
+batches because it executes the same responses.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from collections.abc import Sequence
 
 from .negotiation import HvdOp, RequestKind, Response
 
-__all__ = ["fusion_key", "plan"]
+__all__ = ["ALONE_BYTES", "fusion_key", "plan"]
+
+#: tensors this large are never packed into a fusion buffer (see the module docstring)
+ALONE_BYTES = 8 << 20
 
 
 def fusion_key(resp: Response) -> tuple[object, ...] | None:
@@ -31,6 +37,8 @@ def plan(responses: Sequence[Response], nbytes: Sequence[int], threshold: int) -
     cur_bytes = 0
     for i, resp in enumerate(responses):
         key = fusion_key(resp)
+        if key is not None and nbytes[i] >= ALONE_BYTES:
+            key = None  # alone, in place
         fits = cur and key is not None and key == cur_key and cur_bytes + nbytes[i] <= threshold
         if fits:
             cur.append(i)
