@@ -137,11 +137,16 @@ class SeqSlots:
                 cores = os.cpu_count() or 1
             oversubscribed = self.size > cores
         self.policy = WaitPolicy(oversubscribed)
+        #: the waits of the large direct algorithms' round barriers (:meth:`barrier` with
+        #: ``rounds``): a peer there is copying a whole chunk, so their waits are long and
+        #: would teach :attr:`policy` (the small collectives') the wrong budgets
+        self.round_policy = WaitPolicy(oversubscribed)
         self.peers = [q for q in range(self.size) if q != rank]
         # what every call touches, looked up once
         self._my_seq, self._my_sleepers = self._seq[rank], self._sleepers[rank]
         self._my_addr, self._my_heads = self._addr[rank], self._heads[rank]
         self._peer_seqs = [self._seq[q] for q in self.peers]
+        self._peer_seq_items = [(q, self._seq[q]) for q in self.peers]
         self._peer_heads = [[(q, self._heads[q][h]) for q in self.peers] for h in (0, 1)]
         #: set by the caller for the calls that follow (None: this module's own errors)
         self.watch: SlotWatch | None = None
@@ -259,6 +264,7 @@ class SeqSlots:
         out: object,
         timeout: float,
         key: int,
+        policy: WaitPolicy | None = None,
     ) -> None:
         """One call of ``plan``: publish ``inp`` (an array of the plan's shape, or blocks
         laid end to end; ignored where this rank contributes nothing: a broadcast's
@@ -271,7 +277,7 @@ class SeqSlots:
                 mine[h][...] = inp
             else:
                 self._write(h, inp)  # type: ignore[arg-type]
-        self._sync(k, h, plan.sig, timeout, key)
+        self._sync(k, h, plan.sig, timeout, key, policy or self.policy)
         finish = plan.finish
         if finish is not None:
             finish(plan.srcs[h], out)
@@ -289,7 +295,7 @@ class SeqSlots:
             dst[at : at + b.nbytes] = b.reshape(-1).view(np.uint8)
             at += b.nbytes
 
-    def _sync(self, k: int, h: int, sig: int, timeout: float, key: int) -> None:
+    def _sync(self, k: int, h: int, sig: int, timeout: float, key: int, policy: WaitPolicy) -> None:
         """Publish call ``k`` (this rank's payload already in half ``h``), wait for every
         peer to publish it too, and compare every peer's signature words with ours."""
         head = self._my_heads[h]
@@ -301,7 +307,7 @@ class SeqSlots:
             futex.wake(self._my_addr, 1 << 20)
         for seq in self._peer_seqs:
             if (seq.value - k) & _MASK > 1:
-                self._wait(k, sig, timeout)
+                self._wait(k, sig, timeout, policy)
                 break
         self._k = k
         for q, theirs in self._peer_heads[h]:
@@ -324,12 +330,11 @@ class SeqSlots:
     def _arrived(self, q: int, k: int) -> bool:
         return ((self._seq[q].value - k) & _MASK) <= 1
 
-    def _wait(self, k: int, sig: int, timeout: float) -> None:
+    def _wait(self, k: int, sig: int, timeout: float, policy: WaitPolicy) -> None:
         """Until every peer published ``k``: spin, yield, then sleep; deadline-bound.
 
-        Only waits that had to wait get here (and teach the policy): a call whose
+        Only waits that had to wait get here (and teach ``policy``): a call whose
         peers had all arrived returns from :meth:`_sync` without reading the clock."""
-        policy = self.policy
         start = now = time.monotonic()
         deadline = start + timeout
         if self.patient:  # the caller expects a long wait: sleep at once, learn nothing
@@ -340,8 +345,7 @@ class SeqSlots:
         check_at = start + _CHECK_S
         yields = policy.yields
         blocked = False
-        for q in self.peers:  # all must arrive: wait for each in turn
-            seq = self._seq[q]
+        for q, seq in self._peer_seq_items:  # all must arrive: wait for each in turn
             n = 0
             while (seq.value - k) & _MASK > 1:
                 n += 1
@@ -464,8 +468,10 @@ class SeqSlots:
         plan = self.plan("reduce_scatter", out.shape, out.dtype, dt, op)
         self.run(plan, inp, out, timeout, key)
 
-    def barrier(self, timeout: float = 300.0, key: int = 0) -> None:
-        self.run(self.plan("barrier", (0,), _U8, DType.UINT8), None, None, timeout, key)
+    def barrier(self, timeout: float = 300.0, key: int = 0, rounds: bool = False) -> None:
+        """``rounds``: a large algorithm's round barrier (waits on :attr:`round_policy`)."""
+        plan = self.plan("barrier", (0,), _U8, DType.UINT8)
+        self.run(plan, None, None, timeout, key, self.round_policy if rounds else None)
 
 
 _U8 = np.dtype(np.uint8)
