@@ -46,6 +46,7 @@ from .link import Link, TwoLevelLink, shared_link
 
 __all__ = [
     "ALGOS",
+    "VALIDATED",
     "Prediction",
     "build_link",
     "configure_parser",
@@ -212,23 +213,40 @@ def _human(n: int) -> str:
     return f"{n}B"
 
 
+#: the collectives ``--validate`` compares (bench's ``size``: the bytes the selector is
+#: asked about, i.e. the whole gathered or scattered buffer for all_gather/reduce_scatter)
+VALIDATED = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+
+
 def validate(path: str, gamma: float | None) -> str:
-    """Predicted (selector's choice, shm link) vs measured all_reduce rows of a bench JSON."""
+    """Predicted vs measured unison rows of a bench JSON: per collective and size, the
+    selector's choice on this host's shm link and its predicted time (the per-call
+    overhead included, as the selector counts it)."""
     with open(path) as f:
         data = json.load(f)
     rows = data.get("rows", data) if isinstance(data, dict) else data
-    lines = [f"{'np':>3} {'size':>8} {'algo':>6} {'predicted':>11} {'measured':>11} {'error':>7}"]
+    lines = [
+        f"{'op':>14} {'np':>3} {'size':>8} {'algo':>9} {'predicted':>11} {'measured':>11} "
+        f"{'error':>7}"
+    ]
     link = _link("shm", gamma)
     for row in rows:
-        if row.get("op") != "all_reduce" or row.get("impl", "unison") != "unison":
+        op = row.get("op")
+        if op not in VALIDATED or row.get("impl", "unison") != "unison":
+            continue
+        if "time_us" not in row:
             continue
         p, n = int(row["np"]), int(row.get("bytes", row.get("size", 0)))
-        algo = selected(p, n, link)
-        pred = predict(algo, p, n, link).seconds
+        if op == "all_reduce":
+            algo = selected(p, n, link)
+            pred = link.at(n).overhead + predict(algo, p, n, link).seconds
+        else:
+            choice = choose(op, p, n, link, {})
+            algo, pred = choice.name, choice.predicted
         meas = float(row["time_us"]) * 1e-6
         err = (pred - meas) / meas
         lines.append(
-            f"{p:>3} {_human(n):>8} {algo:>6} {_fmt_t(pred):>11} {_fmt_t(meas):>11} "
+            f"{op:>14} {p:>3} {_human(n):>8} {algo:>9} {_fmt_t(pred):>11} {_fmt_t(meas):>11} "
             f"{err * 100:>+6.0f}%"
         )
     return "\n".join(lines)

@@ -64,4 +64,6 @@ def test_bench_runs_checks_and_writes_json(tmp_path) -> None:  # type: ignore[no
     rows = [r for r in data["rows"] if r["impl"] == "unison"]
     assert len(rows) == 6
     assert all(r["correct"] and r["time_us"] > 0 for r in rows)
+    # what the timed calls cost the ranks besides the clock (getrusage, per call)
+    assert all(r["cpu_us"] > 0 and r["vcsw"] >= 0 and r["ivcsw"] >= 0 for r in rows)
     assert data["meta"]["np"] == 2

@@ -70,3 +70,49 @@ def test_validate_against_bench_json(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli_main(["simulate", "--validate", str(f)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and "300.0 us" in lines[1] and "%" in lines[1]
+
+
+def test_validate_covers_every_measured_collective(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each collective's row is priced with that collective's choice, overhead included;
+    skipped rows (no time) are left out."""
+    rows = [
+        {"impl": "unison", "op": op, "np": 2, "size": 1 << 24, "time_us": 5000.0}
+        for op in ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+    ]
+    rows.append({"impl": "unison", "op": "all_gather", "np": 4, "size": 8, "skipped": "x"})
+    rows.append({"impl": "unison", "op": "all_to_all", "np": 2, "size": 64, "time_us": 9.0})
+    f = tmp_path / "b.json"
+    f.write_text(json.dumps({"meta": {}, "rows": rows}))
+    assert cli_main(["simulate", "--validate", str(f)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    assert [ln.split()[0] for ln in lines] == [
+        "all_reduce",
+        "broadcast",
+        "all_gather",
+        "reduce_scatter",
+    ]
+    assert all("5.00 ms" in ln and ln.rstrip().endswith("%") for ln in lines)
+
+
+def test_broadcast_rounds_overlap_and_all_gather_counts_the_own_block() -> None:
+    """The shm broadcast's rounds overlap (root fills one half while readers empty the
+    other): only the first round's copy in adds to the copies out; all-gathers pay
+    the copy of the own block into the output (every algorithm alike)."""
+    from unison.algorithms import all_gather_ring, all_gather_shm, broadcast_shm
+    from unison.link import SharedLink
+
+    link = SharedLink(alpha=1e-6, beta=1e-9, copy=1e-10, half=1 << 20, sync=1e-6, cores=2)
+    one = broadcast_shm.cost(2, 1 << 20, link)
+    assert one == pytest.approx(1e-6 + 2 * (1 << 20) * 1e-10)  # one round: in, then out
+    many = broadcast_shm.cost(2, 16 << 20, link)
+    assert many == pytest.approx(16 * 1e-6 + (17 << 20) * 1e-10)  # 16 rounds overlapped
+    crowded = broadcast_shm.cost(4, 16 << 20, link)  # 4 copies per round on 2 cores
+    assert crowded == pytest.approx(16 * 2e-6 + (33 << 20) * 1e-10)  # sync x ranks/core
+    n = 8 << 20
+    own = all_gather_ring.own_copy(2, n, link)
+    assert own == pytest.approx(n / 2 * 1e-10)
+    assert all_gather_shm.cost(2, n, link) == pytest.approx(
+        1e-6 * 4 + n * 1e-10 + own
+    )  # each rank's 4 MiB part in 4 rounds of a 1 MiB half

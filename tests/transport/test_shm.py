@@ -204,6 +204,14 @@ def _subgroup_and_big() -> None:
         x = np.full(300_000, r + 1, np.float32)
         un.all_reduce(x, group=g)
         assert np.all(x == 3)
+    # 400 KB heap arrays (16 bytes past a page) against page-aligned slots: the copies
+    # out of shared memory take copy_into's short-distance detour
+    y = np.arange(100_000, dtype=np.float32) * (r + 1) if r == 1 else np.zeros(100_000, np.float32)
+    un.broadcast(y, src=1)
+    assert np.array_equal(y, np.arange(100_000, dtype=np.float32) * 2)
+    outs = [np.zeros(100_000, np.float32) for _ in range(p)]
+    un.all_gather(outs, np.full(100_000, r + 0.5, np.float32))
+    assert all(np.all(o == q + 0.5) for q, o in enumerate(outs))
     x = np.arange(3_000_000, dtype=np.float32) * (r + 1)  # 12 MB: several slot rounds
     un.all_reduce(x)
     assert np.array_equal(x, np.arange(3_000_000, dtype=np.float32) * (p * (p + 1) // 2))

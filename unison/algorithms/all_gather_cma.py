@@ -13,7 +13,8 @@ in their headers; if any pair cannot, every rank runs :mod:`.all_gather_shm`
 instead, on every call. Blocks that are not contiguous (a list of outputs) take
 the same way out for that call, agreed through the headers too.
 
-Cost (n bytes gathered in total): 2 syncs + ((p−1)/p)·n·m, m the measured
+Cost (n bytes gathered in total): 2 syncs + ((p−1)/p)·n·m + the own block into the
+output (:func:`.all_gather_ring.own_copy`), m the measured
 seconds per byte of ``process_vm_readv`` (:class:`SharedLink` ``cma``; 0, not
 measured: never chosen unless forced).
 Preconditions: every rank on one host (a :class:`SharedLink`), the world group,
@@ -33,7 +34,7 @@ import numpy as np
 from ..errors import PeerLostError
 from ..link import Link, SharedLink, crowding
 from ..transport import cma
-from . import all_gather_shm
+from . import all_gather_ring, all_gather_shm
 from ._context import OpContext
 from .shm_arena import Arena, arena_of, sync, sync_cost
 from .topology import Topology
@@ -54,7 +55,8 @@ _YES, _NO = 1, 2
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2 or link.cma <= 0:
         return math.inf
-    return 2 * sync_cost(p, link) + crowding(p, link) * (p - 1) / p * n * link.cma
+    read = crowding(p, link) * (p - 1) / p * n * link.cma
+    return 2 * sync_cost(p, link) + read + all_gather_ring.own_copy(p, n, link)
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

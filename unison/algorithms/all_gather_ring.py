@@ -4,7 +4,8 @@ Phases: p−1 steps; in step s rank r sends block (r−s) mod p to its right
 neighbour and receives block (r−s−1) mod p from its left, straight into the
 output block (no staging). Blocks travel in segments.
 
-Cost (n bytes gathered in total): (p−1)α + ((p−1)/p)nβ.
+Cost (n bytes gathered in total): (p−1)α + ((p−1)/p)nβ, plus :func:`own_copy` (the
+rank's own block copied into its output before any algorithm runs).
 Preconditions: any p; blocks may differ in size.
 Reference: Thakur, Rabenseifner & Gropp (2005), §4.1.
 """
@@ -26,8 +27,20 @@ NAME = "ring"
 NEEDS = "nothing beyond the group"
 
 
+def own_copy(p: int, n: int, link: Link) -> float:
+    """Seconds of every all-gather's copy of the rank's own block (n/p bytes) into its
+    output, which the backend makes before the algorithm unless the input already lies
+    there; the same for every algorithm, so it moves ``unison simulate``'s predictions,
+    not the selector's choice (0 where the link knows no local copy rate)."""
+    return crowding(p, link) * n / max(p, 1) * link.copy
+
+
 def cost(p: int, n: int, link: Link) -> float:
-    return (p - 1) * link.alpha + crowding(p, link) * (p - 1) / p * n * link.beta
+    return (
+        (p - 1) * link.alpha
+        + crowding(p, link) * (p - 1) / p * n * link.beta
+        + own_copy(p, n, link)
+    )
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

@@ -4,7 +4,8 @@ Phases, per round: every rank copies its part of its block into its slot half;
 sync; every rank copies the peers' parts out of their slots. One
 synchronisation per round; each byte is copied once in and once out per reader.
 
-Cost per round (n bytes gathered in total): 2(p−1)α + n·c.
+Cost per round (n bytes gathered in total): 2(p−1)α + n·c (the own part in, the
+peers' parts out), plus the own block into the output (:func:`.all_gather_ring.own_copy`).
 Preconditions: every rank on one host (a :class:`SharedLink`); blocks of equal
 length; the world group (others run :mod:`.all_gather_ring`).
 Reference: OpenMPI ``coll/sm``.
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..buffers import copy_into
 from ..link import Link, SharedLink, crowding
 from . import all_gather_ring
 from ._context import OpContext
@@ -32,7 +34,8 @@ NEEDS = SHM_NEEDS
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    return sync_cost(p, link) * rounds(n // p, link) + crowding(p, link) * n * link.copy
+    work = crowding(p, link) * n * link.copy
+    return sync_cost(p, link) * rounds(n // p, link) + work + all_gather_ring.own_copy(p, n, link)
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:
@@ -51,8 +54,8 @@ def run(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int) -> None:
     for tag, start in enumerate(range(0, m, step) or [0]):
         k = min(step, m - start)
         h = arena.next_half()
-        arena.typed(glob[me], h, k, blocks[me].dtype)[:] = blocks[me][start : start + k]
+        copy_into(arena.typed(glob[me], h, k, blocks[me].dtype), blocks[me][start : start + k])
         sync(ctx, tag)
         for q in range(p):
             if q != me:
-                blocks[q][start : start + k] = arena.typed(glob[q], h, k, blocks[q].dtype)
+                copy_into(blocks[q][start : start + k], arena.typed(glob[q], h, k, blocks[q].dtype))

@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from .._types import ReduceOp
-from ..buffers import DType, Kernel, finalize_average
+from ..buffers import DType, Kernel, copy_into, finalize_average
 from ..link import Link, SharedLink, crowding
 from . import all_reduce_ring
 from ._context import OpContext
@@ -56,7 +56,7 @@ def supports(p: int, n: int, topo: Topology) -> bool:
 def reduce_slice(kern: Kernel, srcs: list[np.ndarray], dst: np.ndarray) -> None:
     """``dst = srcs[0] op srcs[1] op ...`` (dst may alias none of srcs)."""
     if len(srcs) == 1:
-        dst[:] = srcs[0]
+        copy_into(dst, srcs[0])
         return
     kern(srcs[0], srcs[1], dst)
     for s in srcs[2:]:
@@ -83,7 +83,7 @@ def run(
         mine = slots[me]
         for j, (o, k) in enumerate(parts):
             if j != me and k:
-                mine[o : o + k] = chunk[o : o + k]
+                copy_into(mine[o : o + k], chunk[o : o + k])
         sync(ctx, tag)
         o, k = parts[me]
         if k:
@@ -96,9 +96,9 @@ def run(
             reduce_slice(kern, srcs, dst)
             if op is ReduceOp.AVG:
                 finalize_average(dst, dtype, p)
-            chunk[o:e] = dst
+            copy_into(chunk[o:e], dst)
         sync(ctx, tag + 1)
         tag += 2
         for j, (o, k) in enumerate(parts):
             if j != me and k:
-                chunk[o : o + k] = slots[j][o : o + k]
+                copy_into(chunk[o : o + k], slots[j][o : o + k])

@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from .._types import ReduceOp
-from ..buffers import DType, Kernel, finalize_average
+from ..buffers import DType, Kernel, copy_into, finalize_average
 from ..link import Link, SharedLink, crowding
 from . import all_reduce_ring
 from ._context import OpContext
@@ -68,7 +68,7 @@ def run(
         n = len(chunk)
         h = arena.next_half()
         slots = [arena.typed(glob[q], h, n, arr.dtype) for q in range(p)]
-        slots[me][:] = chunk
+        copy_into(slots[me], chunk)
         sync(ctx, tag)
         if not n:
             continue

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..buffers import Kernel
+from ..buffers import Kernel, copy_into
 from ..link import Link, SharedLink, crowding
 from . import reduce_scatter_ring
 from ._context import OpContext
@@ -62,7 +62,7 @@ def run(
         mine = slots[me]
         for j in range(p):
             if j != me:
-                mine[j * k : (j + 1) * k] = inputs[j][start : start + k]
+                copy_into(mine[j * k : (j + 1) * k], inputs[j][start : start + k])
         sync(ctx, tag)
         srcs = [
             inputs[me][start : start + k] if q == me else slots[q][me * k : (me + 1) * k]

@@ -5,13 +5,17 @@ inputs, warm up, barrier, time ``iters`` runs one by one; then rank 0 gathers
 every rank's per-iteration times, takes the slowest rank of each iteration and
 the median over iterations, and writes the rows (JSON lines) to OUT. It also
 records the rank's peak resident memory during the row (``VmHWM`` after
-resetting it through ``/proc/self/clear_refs``).
+resetting it through ``/proc/self/clear_refs``), and what the timed calls cost the
+processes besides wall time (``getrusage``: CPU seconds, voluntary and involuntary
+context switches per call, averaged over the ranks): when ranks outnumber cores, or
+the machine is shared, these counts say where the time went when the clock cannot.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import resource
 import statistics
 import sys
 import time
@@ -93,15 +97,17 @@ def sweep(impl: str, spec: BenchSpec, port: int) -> list[dict[str, Any]]:
                     case.run()
                 be.barrier()
                 times = []
+                ru0 = resource.getrusage(resource.RUSAGE_SELF)
                 for _ in range(spec.iters_for(case.nbytes)):
                     t0 = time.perf_counter()
                     case.run()
                     times.append(time.perf_counter() - t0)
-                got = be.gather([err, times, peak_rss()])
+                use = _usage(ru0, resource.getrusage(resource.RUSAGE_SELF), len(times))
+                got = be.gather([err, times, peak_rss(), use])
                 if got is None:
                     continue
-                errs = [f"rank {r}: {e}" for r, (e, _, _) in enumerate(got) if e]
-                slowest = [max(t[i] for _, t, _ in got) for i in range(len(times))]
+                errs = [f"rank {r}: {e}" for r, (e, *_) in enumerate(got) if e]
+                slowest = [max(g[1][i] for g in got) for i in range(len(times))]
                 med = statistics.median(slowest)
                 algbw = case.nbytes / med / 1e9 if med > 0 else 0.0
                 row.update(
@@ -109,7 +115,11 @@ def sweep(impl: str, spec: BenchSpec, port: int) -> list[dict[str, Any]]:
                     algbw=algbw,
                     busbw=algbw * bus_factor(op, p),
                     iters=len(times),
-                    peak_rss=max(r for _, _, r in got),
+                    peak_rss=max(g[2] for g in got),
+                    # per call, mean over ranks: CPU µs, voluntary / involuntary switches
+                    cpu_us=sum(g[3][0] for g in got) / len(got) * 1e6,
+                    vcsw=sum(g[3][1] for g in got) / len(got),
+                    ivcsw=sum(g[3][2] for g in got) / len(got),
                     buffer_bytes=sum(int(b.nbytes) for b in case.bufs.values()),
                     correct=not errs,
                 )
@@ -121,6 +131,14 @@ def sweep(impl: str, spec: BenchSpec, port: int) -> list[dict[str, Any]]:
             bar.close()
         be.close()
     return rows if be.rank == 0 else []
+
+
+def _usage(a: resource.struct_rusage, b: resource.struct_rusage, calls: int) -> list[float]:
+    """Per call between two ``getrusage`` samples: CPU seconds (user + system),
+    voluntary and involuntary context switches."""
+    k = max(calls, 1)
+    cpu = (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
+    return [cpu / k, (b.ru_nvcsw - a.ru_nvcsw) / k, (b.ru_nivcsw - a.ru_nivcsw) / k]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 
+from ..buffers.copy import copy_bytes
 from .shm_segment import RING_CTL, Segment
 
 __all__ = ["Ring"]
@@ -42,9 +43,9 @@ class Ring:
             return 0
         pos = self.head % self.cap
         first = min(k, self.cap - pos)
-        self.data[pos : pos + first] = src[start : start + first]
+        copy_bytes(self.data[pos : pos + first], src[start : start + first])
         if k > first:
-            self.data[0 : k - first] = src[start + first : start + k]
+            copy_bytes(self.data[0 : k - first], src[start + first : start + k])
         self.head += k
         return k
 
@@ -60,9 +61,9 @@ class Ring:
         if dst is not None:
             pos = self.tail % self.cap
             first = min(k, self.cap - pos)
-            dst[start : start + first] = self.data[pos : pos + first]
+            copy_bytes(dst[start : start + first], self.data[pos : pos + first])
             if k > first:
-                dst[start + first : start + k] = self.data[0 : k - first]
+                copy_bytes(dst[start + first : start + k], self.data[0 : k - first])
         self.tail += k
 
     def peek(self, k: int) -> bytes:
