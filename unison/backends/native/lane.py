@@ -241,10 +241,10 @@ class Lane:
 
     # --- the collectives ---------------------------------------------------------------------
     def all_reduce(self, arr: np.ndarray, op: Any) -> bool:
-        plan = self._plans.get((0, arr.dtype, arr.size, op))
+        plan = self._plans.get((0, arr.dtype, arr.shape, op))
         if plan is None:
             plan = self._plan_for(
-                (0, arr.dtype, arr.size, op),
+                (0, arr.dtype, arr.shape, op),
                 lambda: self._make(OpCode.ALL_REDUCE, arr, arr.nbytes, op),
             )
             if plan is None:
@@ -282,12 +282,12 @@ class Lane:
         return True
 
     def broadcast(self, arr: np.ndarray, src: Any) -> bool:
-        plan = self._plans.get((1, arr.dtype, arr.size, src))
+        plan = self._plans.get((1, arr.dtype, arr.shape, src))
         if plan is None:
             if src not in self.ex.ranks:  # the caller passed an int (bool is not a rank)
                 return False
             plan = self._plan_for(
-                (1, arr.dtype, arr.size, src),
+                (1, arr.dtype, arr.shape, src),
                 lambda: self._make(OpCode.BROADCAST, arr, arr.nbytes, root=src),
             )
             if plan is None:
@@ -305,12 +305,12 @@ class Lane:
 
     def all_gather(self, out: np.ndarray, inp: np.ndarray) -> bool:
         """``out``: one array of group size × ``inp`` elements (all_gather_into_tensor)."""
-        plan = self._plans.get((2, inp.dtype, inp.size, out.dtype, out.size))
+        plan = self._plans.get((2, inp.dtype, inp.shape, out.dtype, out.size))
         if plan is None:
             if out.dtype != inp.dtype or out.size != inp.size * self.ex.size:
                 return False
             plan = self._plan_for(
-                (2, inp.dtype, inp.size, out.dtype, out.size),
+                (2, inp.dtype, inp.shape, out.dtype, out.size),
                 lambda: self._make(OpCode.ALL_GATHER, inp, inp.nbytes),
             )
             if plan is None:
@@ -330,12 +330,12 @@ class Lane:
 
     def reduce_scatter(self, out: np.ndarray, inp: np.ndarray, op: Any) -> bool:
         """``inp``: one array of group size × ``out`` elements (reduce_scatter_tensor)."""
-        plan = self._plans.get((3, out.dtype, out.size, inp.dtype, inp.size, op))
+        plan = self._plans.get((3, out.dtype, out.shape, inp.dtype, inp.size, op))
         if plan is None:
             if out.dtype != inp.dtype or inp.size != out.size * self.ex.size:
                 return False
             plan = self._plan_for(
-                (3, out.dtype, out.size, inp.dtype, inp.size, op),
+                (3, out.dtype, out.shape, inp.dtype, inp.size, op),
                 lambda: self._make(OpCode.REDUCE_SCATTER, out, inp.nbytes, op),
             )
             if plan is None:
