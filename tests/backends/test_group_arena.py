@@ -10,7 +10,7 @@ import numpy as np
 
 import unison as un
 from unison import ReduceOp
-from unison.testing import reduce_oracle, spawn
+from unison.testing import reduce_oracle, run_ranks, spawn
 from unison.world import current
 
 NBYTES = 3 << 19  # per rank: three rounds of the default arena (half of it per round)
@@ -90,3 +90,38 @@ def test_sub_group_arena_matches_oracle_and_general_path() -> None:
     env = {"UNISON_TIMEOUT": "60"}
     for bad in spawn(_worker, 3, timeout=120, env=env):
         assert bad == []
+
+
+def _tight_shm() -> list[object]:
+    """Rank 0's /dev/shm has no room for the sub-group arenas (its segment with them
+    fails to be created): every rank goes without them, and keeps shared memory."""
+    from unison.transport.shm_segment import Segment
+
+    real = Segment.create.__func__  # type: ignore[attr-defined]
+    limit = 12 << 20  # rings, the world's slot and the small slots fit; the arenas do not
+
+    def tight(cls: type, job_id: str, rank: int, size: int) -> Segment:
+        if un_rank == 0 and size > limit:
+            raise OSError(28, "No space left on device")
+        return real(cls, job_id, rank, size)  # type: ignore[no-any-return]
+
+    import os
+
+    un_rank = int(os.environ["UNISON_RANK"])
+    Segment.create = classmethod(tight)  # type: ignore[assignment, method-assign]
+    un.init()
+    rt = current()
+    g = un.new_group([0, 1])
+    x = np.full(5, un.rank() + 1, np.int64)
+    un.all_reduce(x, group=g)
+    got = [rt.fabric.shm is not None, rt.fabric.arena is not None]  # type: ignore[attr-defined]
+    got += [rt.executors[g.id].topo.arena is None, x.tolist()]
+    un.shutdown()
+    return got
+
+
+def test_no_room_for_sub_group_arenas_keeps_shared_memory() -> None:
+    outs = run_ranks(_tight_shm, 2, init=False, env={"UNISON_TIMEOUT": "30"}, timeout=60)
+    for o in outs:
+        assert o.ok, o.describe()
+        assert o.value == [True, True, True, [3] * 5]

@@ -162,7 +162,15 @@ class Fabric:
         garena_off = small_off + (small_len + 63) // 64 * 64
         garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
         layout = plan(local, RING_BYTES, garena_off + garena_len)
-        if want:
+        if want and garena_len:  # a small /dev/shm: no sub-group arenas rather than no shm
+            try:
+                seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size)
+                self._segs.append(seg)
+            except OSError as exc:
+                log.info("no room for the sub-group arenas (%s); trying without", exc)
+                garena_len = 0  # the peers see it in the hello: none of them use one
+                layout = plan(local, RING_BYTES, garena_off)
+        if want and seg is None:
             try:
                 seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size)
                 self._segs.append(seg)
