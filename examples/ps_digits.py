@@ -12,6 +12,13 @@ compute is emulated as ``--compute-ms`` of sleep (the MLP itself takes well unde
 a millisecond), and ``--straggler RANK:FACTOR`` makes worker RANK that many times
 slower, so the consistency policies can be compared on a 2-core machine.
 
+Elastic (``--lose-worker-at STEP``: worker 1 is SIGKILLed at that step; the launcher
+starts a replacement with id 1, which joins the running servers and does the steps
+left)::
+
+    unison run -np 5 --min-np 4 --max-np 5 --servers 1 -H localhost:4,127.0.0.1:2 \\
+        python examples/ps_digits.py --lose-worker-at 40
+
 Worker 0 records the full training loss on the parameters it pulled every
 ``--eval-every`` steps; with ``--out FILE`` it writes the curve, the final test
 accuracy and timings as JSON (``examples/ps_experiment.py`` reads it).
@@ -21,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 
@@ -91,6 +100,13 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="")
+    ap.add_argument(
+        "--lose-worker-at",
+        type=int,
+        default=-1,
+        metavar="STEP",
+        help="SIGKILL worker 1 at this step (elastic jobs: a replacement joins)",
+    )
     args = ap.parse_args()
 
     kv = ps.init(policy(args.consistency, args.staleness))  # servers serve here and exit
@@ -102,12 +118,17 @@ def main() -> int:
     xs, ys = xtr[kv.rank :: kv.num_workers], ytr[kv.rank :: kv.num_workers]
     params = kv.init_params(init_params(args.hidden, args.seed + 1 + kv.rank))
     kv.set_optimizer(ps.SGD(lr=args.lr, momentum=args.momentum))
-    kv.barrier()
+    kv.barrier()  # a replacement's returns at once: the others passed it
+    if kv.joined_at is not None:
+        print(f"worker {kv.rank} joined the running job at step {kv.joined_at}")
     rng = np.random.default_rng(args.seed + 100 + kv.rank)
     delay = args.compute_ms / 1000 * (factor if kv.rank == slow_rank else 1.0)
     curve: list[tuple[float, int, float]] = []
     start = time.perf_counter()
-    for step in range(args.steps):
+    while kv.current_clock < args.steps:  # a replacement does the steps left
+        step = kv.current_clock
+        if step == args.lose_worker_at and kv.rank == 1 and kv.joined_at is None:
+            os.kill(os.getpid(), signal.SIGKILL)
         kv.pull(params)  # into the same arrays every step
         if kv.rank == 0 and step % args.eval_every == 0:
             curve.append((time.perf_counter() - start, step, loss_acc(params, xtr, ytr)[0]))

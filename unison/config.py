@@ -30,6 +30,8 @@ __all__ = [
     "ENV_LOCAL_RANK",
     "ENV_LOCAL_SIZE",
     "ENV_NUM_SERVERS",
+    "ENV_PS_JOIN",
+    "ENV_PS_JOIN_TICKET",
     "ENV_RANK",
     "ENV_ROLE",
     "ENV_SECRET",
@@ -61,6 +63,8 @@ ENV_STORE_PATH = "UNISON_STORE_PATH"  # the store_path knob, read by job detecti
 ENV_NUM_SERVERS = "UNISON_NUM_SERVERS"  # parameter-server processes: the last N ranks
 ENV_ROLE = "UNISON_ROLE"  # "worker" or "server" (parameter server), overrides the above
 ENV_ELASTIC_ID = "UNISON_ELASTIC_ID"  # elastic jobs: this worker's id (see unison.elastic)
+ENV_PS_JOIN = "UNISON_PS_JOIN"  # elastic parameter server: join the running job as this worker
+ENV_PS_JOIN_TICKET = "UNISON_PS_JOIN_TICKET"  # ... through this join, claimed by the launcher
 ENV_OUTPUT_TTY = "UNISON_OUTPUT_TTY"  # "1": the launcher's output is a terminal
 
 _IDENTITY = {
@@ -78,6 +82,10 @@ _IDENTITY = {
     ENV_ROLE: "this process's parameter-server role, worker or server (overrides the above)",
     ENV_ELASTIC_ID: "set by unison run in an elastic job: this worker's id; init() then takes "
     "its rank and size from the driver's latest round (unison.elastic)",
+    ENV_PS_JOIN: "set by unison run --servers in an elastic job: this worker joins the "
+    "running parameter-server job with this worker id (unison.ps.join)",
+    ENV_PS_JOIN_TICKET: "set by unison run with UNISON_PS_JOIN: the join the launcher claimed "
+    "for this worker (so it can cancel the servers' wait if the worker dies first)",
     ENV_OUTPUT_TTY: "set by unison run: 1 when its output is a terminal (progress bars make "
     "sense), else 0",
 }
@@ -325,6 +333,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("UNISON_TCP_ALPHA", "tcp_alpha", 0.0, _positive_float, "tcp seconds per message"),
     Knob("UNISON_TCP_BETA", "tcp_beta", 0.0, _positive_float, "tcp seconds per byte"),
     Knob("UNISON_CALL_OVERHEAD", "call_overhead", 0.0, _positive_float, "seconds per call"),
+    Knob("UNISON_SHM_SYNC", "shm_sync", 0.0, _positive_float, "seconds per slot round sync"),
+    Knob(
+        "UNISON_SHM_SYNC_CROWDED",
+        "shm_sync_crowded",
+        0.0,
+        _positive_float,
+        "seconds per slot round sync, 2 ranks per core",
+    ),
     Knob("UNISON_LINK_CACHE", "link_cache", "", str, "link-model cache dir; off: none"),
     Knob(
         "UNISON_PS_ELASTIC",
@@ -332,7 +348,8 @@ KNOBS: tuple[Knob, ...] = (
         False,
         _bool,
         "unison.ps: a lost worker leaves the job (its clock stops holding back SSP/BSP) "
-        "instead of failing every other worker",
+        "instead of failing every other worker, and workers may join it (UNISON_PS_JOIN); "
+        "set by unison run --servers in an elastic job",
     ),
     Knob(
         "UNISON_ELASTIC_TIMEOUT",
@@ -378,6 +395,8 @@ class Config:
     tcp_alpha: float = 0.0
     tcp_beta: float = 0.0
     call_overhead: float = 0.0
+    shm_sync: float = 0.0
+    shm_sync_crowded: float = 0.0
     link_cache: str = ""
     elastic_timeout: float = 600.0
     ps_elastic: bool = False

@@ -38,8 +38,10 @@ __all__ = [
     "measured",
     "set_measured",
     "shared_link",
+    "sync_at",
     "transport_link",
     "two_level",
+    "wake",
 ]
 
 #: bytes of each rank's shared-memory slot (two halves alternate between rounds)
@@ -68,12 +70,24 @@ class Link:
     #: the same link with the per-byte rates of data that no longer fits the caches
     #: (None: one regime; see :meth:`at`)
     cold: Link | None = None
+    #: seconds of one round synchronisation of the direct shared-memory algorithms
+    #: with ranks no more than cores (measured: the slot barrier of 2 ranks on 2 cores;
+    #: 0: not known, see :func:`shared_link`)
+    sync: float = 0.0
+    #: the same with two ranks per core (measured: 4 ranks on 2 cores), where every
+    #: sync waits for ranks that must first be given a core; 0: not known
+    #: (:func:`sync_at` then scales :attr:`sync` by ranks per core)
+    sync_crowded: float = 0.0
 
-    def at(self, n: int) -> Link:
+    def at(self, n: int, p: int = 0) -> Link:
         """The link for an operation on ``n`` bytes: per-byte costs measured in cache
-        for small operations, out of cache (:attr:`cold`) above :attr:`big`."""
+        for small operations, out of cache (:attr:`cold`) above :attr:`big`; with ``p``
+        ranks, α includes the wake-up a message step costs when ranks outnumber cores
+        (:func:`wake`), as every slot sync does (:func:`sync_at`)."""
         cold = self.cold
-        return cold if cold is not None and 0 < self.big < n else self
+        link = cold if cold is not None and 0 < self.big < n else self
+        extra = wake(p, link) if p > 1 else 0.0
+        return replace(link, alpha=link.alpha + extra) if extra > 0 else link
 
 
 @dataclass(frozen=True)
@@ -87,9 +101,6 @@ class SharedLink(Link):
 
     copy: float = 1 / 8e9
     half: int = SLOT_BYTES // 2
-    #: seconds per peer of one round synchronisation of the direct algorithms
-    #: (0: a zero-byte message each way, i.e. α; the shared sequence slots: the hop)
-    sync: float = 0.0
     #: cores of the host (0: not known); when ranks outnumber them, the direct
     #: algorithms' per-byte work of all ranks shares them
     cores: int = 0
@@ -157,9 +168,11 @@ def shared_link(
     ``slots``: rounds synchronise on the shared sequence slots (no message).
 
     The local copy cost is the measured one (else half the shm β: a message through
-    shared memory is two copies); the round synchronisation on the slots costs a hop
-    plus the Python work of both ends, i.e. α; ``cores`` is the host's CPU count
-    (the same for every rank of the host, whatever its affinity)."""
+    shared memory is two copies); the round synchronisation on the slots is the
+    measured slot barrier (``base.sync``, ``base.sync_crowded``), else α (a hop plus
+    the Python work of both ends); without slots ``sync`` is 0 (zero-byte messages,
+    priced by α per message); ``cores`` is the host's CPU count (the same for every
+    rank of the host, whatever its affinity)."""
     b = transport_link("shm") if base is None else base
     cold = shared_link(b.cold, half, slots) if b.cold is not None else None
     return SharedLink(
@@ -173,7 +186,8 @@ def shared_link(
         big=b.big if cold is not None else 0,
         cold=cold,
         half=half,
-        sync=b.alpha if slots else 0.0,
+        sync=(b.sync or b.alpha) if slots else 0.0,
+        sync_crowded=b.sync_crowded if slots else 0.0,
         cores=os.cpu_count() or 0,
     )
 
@@ -220,6 +234,32 @@ def crowding(p: int, link: Link) -> float:
     cores, so each rank's share takes ``p / cores`` times as long."""
     cores = link.cores if isinstance(link, SharedLink) else 0
     return max(1.0, p / cores) if cores > 0 else 1.0
+
+
+def sync_at(p: int, link: Link) -> float:
+    """Seconds of one round synchronisation of ``p`` ranks on the shared slots (0: the
+    link has none, see :attr:`Link.sync`).
+
+    With ranks no more than cores it is :attr:`Link.sync`. Beyond that, a sync waits
+    for ranks that must first get a core (a wake-up each): linear in ranks per core
+    ``r`` through the two measured points, ``sync`` at r = 1 and
+    :attr:`Link.sync_crowded` at r = 2; with only ``sync`` known, ``sync × r``."""
+    if link.sync <= 0:
+        return 0.0
+    r = crowding(p, link)
+    if r <= 1:
+        return link.sync
+    if link.sync_crowded > 0:
+        return link.sync + max(0.0, link.sync_crowded - link.sync) * (r - 1)
+    return link.sync * r
+
+
+def wake(p: int, link: Link) -> float:
+    """Seconds a step that waits for a peer costs beyond its uncrowded price when ``p``
+    ranks outnumber the host's cores: the measured crowded sync less the uncrowded one
+    (a message step waits for a peer that must be woken and given a core, as a slot
+    sync does). 0 with a core per rank or no measured sync."""
+    return max(0.0, sync_at(p, link) - link.sync) if link.sync > 0 else 0.0
 
 
 def log2ceil(p: int) -> int:

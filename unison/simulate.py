@@ -161,7 +161,7 @@ class Prediction:
 def predict(algo: str, p: int, n: int, link: Link) -> Prediction:
     if algo not in ALGOS:
         raise InvalidArgumentError(f"--algo {algo!r}: known {', '.join(ALGOS)}")
-    return Prediction(algo, p, n, ALGOS[algo][0](p, n, link.at(n)))
+    return Prediction(algo, p, n, ALGOS[algo][0](p, n, link.at(n, p)))
 
 
 def selected(p: int, n: int, link: Link) -> str:

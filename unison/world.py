@@ -12,6 +12,7 @@ Layer: above the backends (it imports them), below the public API
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import elastic
-from .config import Config, load_config
+from .config import ENV_PS_JOIN, Config, load_config
 from .errors import AbortedError, InvalidArgumentError, NotInitializedError
 from .jobdir import release_all
 from .log import configure, get_logger, set_rank
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
     from .comm.group import Group
 
-__all__ = ["BACKENDS", "World", "current", "init", "is_initialized", "shutdown"]
+__all__ = ["BACKENDS", "World", "adopt", "current", "init", "is_initialized", "shutdown"]
 
 log = get_logger("elastic")
 
@@ -164,10 +165,28 @@ def init(
             )
         cfg = cfg.replace(backend=name)
         configure(cfg.log_level)
+        if rank is None and size is None and os.environ.get(ENV_PS_JOIN):
+            raise InvalidArgumentError(
+                f"this process was started to join a running parameter-server job "
+                f"({ENV_PS_JOIN}): call unison.ps.init(), which connects it to the servers, "
+                "instead of unison.init()"
+            )
         if rank is None and size is None and elastic.enabled():
             rt = _open_elastic(opener, cfg, store_addr, secret)
         else:
             rt = opener(cfg, rank=rank, size=size, store_addr=store_addr, secret=secret)
+        set_rank(rt.rank)
+        _RT = rt
+        sys.excepthook = _excepthook
+
+
+def adopt(rt: World) -> None:
+    """Make ``rt``, a world opened outside :func:`init`, this process's world (a worker
+    joining a running parameter-server job: its world with the servers)."""
+    global _RT
+    with _LOCK:
+        if _RT is not None:
+            raise InvalidArgumentError("unison is already initialized in this process")
         set_rank(rt.rank)
         _RT = rt
         sys.excepthook = _excepthook

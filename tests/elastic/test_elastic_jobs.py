@@ -187,8 +187,8 @@ def test_bad_elastic_arguments_are_refused(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Failed to execute discovery script: exit 4" in r.stderr
     r = _unison(tmp_path, "-H", "a:1", "--host-discovery-script", "true", "--min-np", "1", "true")
     assert r.returncode == 2 and "either -H/--hostfile or --host-discovery-script" in r.stderr
-    r = _unison(tmp_path, "-np", "2", "--min-np", "1", "--servers", "1", "true")
-    assert r.returncode == 2 and "--servers (parameter server) does not combine" in r.stderr
+    r = _unison(tmp_path, "-np", "3", "--min-np", "1", "--servers", "1", "true")
+    assert r.returncode == 2 and "--min-np must leave at least one worker" in r.stderr
 
 
 def test_job_timeout_and_clean_exit_without_unison(tmp_path: Path) -> None:

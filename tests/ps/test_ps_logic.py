@@ -205,3 +205,58 @@ def test_lost_worker_fails_parked_and_later_requests() -> None:
     for w in (0, 1):
         st.handle(WorkerRequest(w, PsOp.BYE, 99, 0))
     assert st.finished()
+
+
+def test_elastic_loss_drops_the_unfinished_step_and_a_join_starts_at_the_slowest() -> None:
+    st = ServerState(0, 9, W, ps.BSP(), park_timeout=5.0, elastic=True)
+    st.shards[("x", 0)] = np.zeros(4)
+    st.info[("x", 0)] = {"shape": [4], "dtype": "<f8", "start": 0, "stop": 4}
+    st.rule = ps.Sum()
+    # clock 0: every worker pushes and ends its step; clock 1: workers 0 and 2 finish it,
+    # worker 1 pushes and dies before it ends the step
+    for w in W:
+        _push(st, w, 0, w + 1.0)
+        st.handle(WorkerRequest(w, PsOp.CLOCK, 0, 1))
+    for w in W:
+        _push(st, w, 1, 10.0 * (w + 1))
+    for w in (0, 2):
+        st.handle(WorkerRequest(w, PsOp.CLOCK, 0, 2))
+    assert st.shards[("x", 0)][0] == 6.0  # clock 1 waits for worker 1
+    assert _pull(st, 0, 2) == []  # parked behind worker 1
+    (served,) = st.lost(1, "connection closed")  # no error: it leaves the clocks
+    assert served.worker == 0 and served.status is PsStatus.OK
+    assert st.shards[("x", 0)][0] == 6.0 + 10.0 + 30.0  # its unfinished step is dropped
+    # a replacement with id 1 joins: it starts at the slowest live clock (2), later than
+    # its predecessor's (1), and at barrier 0: the barrier worker 0 waits in waits for it
+    assert st.handle(WorkerRequest(0, PsOp.BARRIER, 7, 2)) == []
+    (ok,) = [r for r in st.handle(WorkerRequest(1, PsOp.JOIN, 8, 0)) if r.worker == 1]
+    assert ok.status is PsStatus.OK and ok.meta == {"clock": 2, "workers": 3}
+    assert st.clocks[1] == 2 and st.barriers[1] == 0 and 1 not in st.gone
+    assert st.handle(WorkerRequest(2, PsOp.BARRIER, 7, 2)) == []
+    released = st.handle(WorkerRequest(1, PsOp.BARRIER, 7, 2))
+    assert sorted(r.worker for r in released) == [0, 1, 2]
+    # held at 2: clock 2 is applied only once the replacement has finished it too
+    for w in W:
+        _push(st, w, 2, 100.0)
+    for w in (0, 2):
+        st.handle(WorkerRequest(w, PsOp.CLOCK, 0, 3))
+    assert st.shards[("x", 0)][0] == 46.0
+    st.handle(WorkerRequest(1, PsOp.CLOCK, 0, 3))
+    assert st.shards[("x", 0)][0] == 346.0
+    # a new id joins at the slowest live clock; with nobody live, at the furthest clock
+    (new,) = [r for r in st.handle(WorkerRequest(3, PsOp.JOIN, 9, 0)) if r.worker == 3]
+    assert new.meta == {"clock": 3, "workers": 4}
+    for w in (0, 1, 2, 3):
+        st.lost(w, "gone")
+    assert not st.finished() and st.waiting_for_a_worker()
+    assert st.start_clock(5) == 3
+    (back,) = [r for r in st.handle(WorkerRequest(0, PsOp.JOIN, 10, 0)) if r.worker == 0]
+    assert back.meta["clock"] == 3 and not st.waiting_for_a_worker()
+    st.handle(WorkerRequest(0, PsOp.BYE, 11, 3))
+    assert st.finished()
+
+
+def test_join_is_refused_when_the_job_is_not_elastic() -> None:
+    st = _state(ps.BSP())
+    (err,) = st.handle(WorkerRequest(1, PsOp.JOIN, 1, 0))
+    assert err.status is PsStatus.ERROR and "not elastic" in err.meta["message"]

@@ -116,3 +116,92 @@ def test_broadcast_rounds_overlap_and_all_gather_counts_the_own_block() -> None:
     assert all_gather_shm.cost(2, n, link) == pytest.approx(
         1e-6 * 4 + n * 1e-10 + own
     )  # each rank's 4 MiB part in 4 rounds of a 1 MiB half
+
+
+def test_model_reads_the_measured_slot_sync() -> None:
+    """The measured round sync (2 ranks on 2 cores; 2 ranks per core) reaches the shared
+    link from the shm link, and grows linearly in ranks per core through both points."""
+    from unison.link import SharedLink, shared_link, sync_at
+
+    cold = Link(alpha=20e-6, beta=2e-10, sync=4e-6, sync_crowded=30e-6)
+    base = Link(alpha=20e-6, beta=1e-10, sync=4e-6, sync_crowded=30e-6, big=1 << 20, cold=cold)
+    link = shared_link(base, slots=True)
+    assert link.sync == 4e-6 and link.sync_crowded == 30e-6
+    assert isinstance(link.at(2 << 20), SharedLink) and link.at(2 << 20).sync == 4e-6
+    assert shared_link(base).sync == 0.0  # no slots: zero-byte messages, priced by α
+    unmeasured = shared_link(Link(alpha=20e-6), slots=True)
+    assert unmeasured.sync == 20e-6 and unmeasured.sync_crowded == 0.0  # α, as before
+    two = SharedLink(alpha=20e-6, sync=4e-6, sync_crowded=30e-6, cores=2)
+    assert sync_at(2, two) == 4e-6 and sync_at(1, two) == 4e-6
+    assert sync_at(4, two) == pytest.approx(30e-6)  # the measured crowded point
+    assert sync_at(3, two) == pytest.approx(17e-6)  # halfway in ranks per core
+    assert sync_at(8, two) == pytest.approx(4e-6 + 3 * 26e-6)
+    only = SharedLink(alpha=20e-6, sync=4e-6, cores=2)  # crowded point unknown: scale
+    assert sync_at(4, only) == pytest.approx(8e-6)
+    noisy = SharedLink(alpha=20e-6, sync=5e-6, sync_crowded=3e-6, cores=2)
+    assert sync_at(4, noisy) == 5e-6  # never cheaper than with a core each
+    assert sync_at(4, SharedLink(alpha=20e-6, cores=2)) == 0.0
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_direct_algorithms_count_their_syncs(p: int) -> None:
+    """Every direct shared-memory algorithm's cost() pays (syncs per call) x the sync
+    cost at its ranks per core: only the sync term moves when the sync cost does."""
+    from unison.algorithms import (
+        all_gather_cma,
+        all_gather_shm,
+        all_reduce_shm,
+        all_reduce_shm_one,
+        broadcast_shm,
+        reduce_scatter_shm,
+    )
+    from unison.link import SharedLink, sync_at
+
+    half = 1 << 20
+    cheap = SharedLink(alpha=20e-6, copy=1e-10, cma=2e-10, half=half, cores=2, sync=1e-6)
+    dear = SharedLink(
+        alpha=20e-6, copy=1e-10, cma=2e-10, half=half, cores=2, sync=5e-6, sync_crowded=50e-6
+    )
+    per_sync = sync_at(p, dear) - (1e-6 * max(1, p / 2))  # crowded: the old scale on cheap
+    n = 4 * half  # 4 rounds of a half for the whole-buffer algorithms
+    syncs = {
+        all_reduce_shm: 2 * 4,  # reduce-scatter and all-gather phases: two per round
+        all_reduce_shm_one: 4,
+        broadcast_shm: 4,
+        reduce_scatter_shm: 4,
+        all_gather_shm: max(1, math.ceil(n / p / half)),  # rounds of one rank's block
+        all_gather_cma: 2,  # addresses published, reads done
+    }
+    for mod, k in syncs.items():
+        moved = mod.cost(p, n, dear) - mod.cost(p, n, cheap)
+        assert moved == pytest.approx(k * per_sync), mod.NAME
+    assert sync_at(4, dear) == 50e-6 and sync_at(2, dear) == 5e-6
+
+
+def test_crowded_waits_price_messages_too_and_the_selector_weighs_syncs() -> None:
+    """With ranks over cores a message step waits for a woken peer as a slot sync does:
+    α carries the extra (``wake``), so a dear crowded sync does not hand small
+    operations to the message algorithms; it does make the one-sync all-reduce win
+    where the two-sync one saved copies."""
+    from unison.algorithms.select import choose
+    from unison.link import SharedLink, sync_at, wake
+
+    def link(crowded: float) -> SharedLink:
+        return SharedLink(
+            alpha=20e-6, beta=1 / 7e9, gamma=1 / 20e9, copy=1 / 20e9, cores=2, sync=8e-6,
+            sync_crowded=crowded,
+        )  # fmt: skip
+
+    dear = link(300e-6)
+    assert wake(2, dear) == 0.0 and dear.at(1 << 20, 2) is dear
+    assert wake(4, dear) == pytest.approx(sync_at(4, dear) - 8e-6)
+    assert dear.at(1 << 20, 4).alpha == pytest.approx(20e-6 + 292e-6)
+    plain = Link(alpha=20e-6)
+    assert plain.at(1 << 20, 4) is plain  # no shared slots, no measured sync: as before
+    n = 512 << 10
+    assert choose("all_reduce", 4, n, link(9e-6), {}).name == "shm"  # copies decide
+    assert choose("all_reduce", 4, n, dear, {}).name == "shm_one"  # one sync fewer
+    for coll in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+        for size in (8 << 10, 128 << 10, n):
+            got = choose(coll, 4, size, dear, {}).name
+            assert got.startswith("shm"), (coll, size, got)

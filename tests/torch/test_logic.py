@@ -239,3 +239,36 @@ def test_capability_queries_before_init_are_horovods() -> None:
     assert hvd.nccl_built() == 0
     with pytest.raises(ValueError, match="Horovod MPI is not enabled"):
         hvd.mpi_threads_supported()
+
+
+def test_cycle_records_round_trip_and_refuse_what_does_not_fit() -> None:
+    import numpy as np
+
+    from unison.torch import record
+
+    cache = ResponseCache(64)
+    for i in range(20):
+        cache.put(Response(ar(f"t{i}")))
+    ids = [0, 3, 17]
+    bits = ids_to_bits(ids)
+    parts = {"t3": b"\x01\x02\x03\x04", "t17": bytes(range(40))}
+    rec = np.zeros(record.RECORD_BYTES, np.uint8)
+    for steady in (True, False):
+        msg = ("C", 7, bits, [], {}, parts, steady)
+        assert record.encode(msg, cache, rec)
+        flags, back = record.decode(rec, 7, cache)
+        assert back == msg and bool(flags & record.STEADY) == steady
+    # a record of another cycle is an error, never a silent decision
+    with pytest.raises(ValueError, match="cycle 7"):
+        record.decode(rec, 8, cache)
+    # new requests, stall shutdowns, an uncached inline part or too many bytes do not fit
+    assert not record.encode(("C", 1, bits, [ar("new")], {}, {}, False), cache, rec)
+    assert not record.encode(("C", 1, bits, [], {"t0": "stalled"}, {}, False), cache, rec)
+    assert not record.encode(("C", 1, bits, [], {}, {"nope": b"x"}, False), cache, rec)
+    big = {"t1": bytes(record.RECORD_BYTES)}
+    assert not record.encode(("C", 1, bits, [], {}, big, False), cache, rec)
+    # markers carry no message
+    for flag in (record.P2P, record.BYE):
+        record.marker(rec, 9, flag)
+        flags, back = record.decode(rec, 9, cache)
+        assert back is None and flags & flag

@@ -21,6 +21,9 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
         p = cal.link(tr)
         assert 0 < p.alpha < 1 and 0 < p.beta < 1e-6, (tr, p)
     assert 0 < cal.overhead < 1
+    # the slot barrier was measured with two ranks per core (a core each needs 2 cores)
+    assert 0 < cal.sync_crowded < 1 and 0 <= cal.sync < 1
+    assert (cal.sync > 0) == (calibrate.host_key()["cores"] >= 2)
     (path,) = tmp_path.glob("linkmodel-*.json")
     assert path == calibrate.cache_path(env)
     stored = json.loads(path.read_text())
@@ -31,12 +34,15 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
     monkeypatch.setattr(calibrate, "measure", lambda: pytest.fail("measured again"))
     again = calibrate.load(env)
     assert again.source == "cache" and again.shm == cal.shm and again.tcp == cal.tcp
+    assert again.sync == cal.sync and again.sync_crowded == cal.sync_crowded
 
     # knobs pin values over the measurement
     pinned = calibrate.load({**env, "UNISON_SHM_ALPHA": "3e-6", "UNISON_CALL_OVERHEAD": "1e-5"})
     assert pinned.shm.alpha == 3e-6 and pinned.call_overhead == 1e-5
     assert pinned.shm.beta == cal.shm.beta and pinned.tcp == cal.tcp
     assert "overrides" in pinned.source
+    synced = calibrate.load({**env, "UNISON_SHM_SYNC": "7e-6", "UNISON_SHM_SYNC_CROWDED": "9e-5"})
+    assert (synced.sync, synced.sync_crowded) == (7e-6, 9e-5) and "overrides" in synced.source
 
     # install hands it to the one link model that selection and cost() read
     from unison import link as linkmodel
@@ -51,19 +57,26 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
         assert cal.copy > 0 and cal.gamma > 0 and cal.cold_copy > 0 and cal.big >= 1 << 20
         shared = linkmodel.shared_link(slots=True)
         assert shared.copy == cal.copy and shared.gamma == cal.gamma and shared.cma == cal.cma
-        assert shared.sync == shm.alpha and shared.at(cal.big) is shared
+        assert shared.at(cal.big) is shared
+        assert shared.sync == (cal.sync or shm.alpha) and shared.sync_crowded == cal.sync_crowded
+        assert linkmodel.shared_link().sync == 0.0  # rounds without slots: messages
         cold = shared.at(cal.big + 1)
         assert isinstance(cold, linkmodel.SharedLink) and cold.copy == cal.cold_copy
         assert cold.gamma == cal.cold_gamma and cold.cma == cal.cold_cma
+        assert cold.sync == shared.sync and cold.sync_crowded == shared.sync_crowded
+        # a pinned sync cost is what the direct algorithms' cost() counts per sync
+        calibrate.install({**env, "UNISON_SHM_SYNC": "7e-6", "UNISON_SHM_SYNC_CROWDED": "9e-5"})
+        pinned_link = linkmodel.shared_link(slots=True)
+        assert (pinned_link.sync, pinned_link.sync_crowded) == (7e-6, 9e-5)
     finally:
         linkmodel.clear_measured()
 
     # a cache written before these rates existed is measured again, not half-read
     old = json.loads(path.read_text())
-    del old["cold_copy"]
+    for key in ("cold_copy", "sync"):
+        path.write_text(json.dumps({k: v for k, v in old.items() if k != key}))
+        assert calibrate._read(path) is None, key
     path.write_text(json.dumps(old))
-    assert calibrate._read(path) is None
-    path.write_text(json.dumps({**old, "cold_copy": cal.cold_copy}))
 
     # measured while the machine was busy, read when it is quiet: measure again
     assert calibrate._read(path) is not None

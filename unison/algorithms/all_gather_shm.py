@@ -4,7 +4,7 @@ Phases, per round: every rank copies its part of its block into its slot half;
 sync; every rank copies the peers' parts out of their slots. One
 synchronisation per round; each byte is copied once in and once out per reader.
 
-Cost per round (n bytes gathered in total): 2(p−1)α + n·c (the own part in, the
+Cost per round (n bytes gathered in total): one sync + n·c (the own part in, the
 peers' parts out), plus the own block into the output (:func:`.all_gather_ring.own_copy`).
 Preconditions: every rank on one host (a :class:`SharedLink`); blocks of equal
 length; the world group (others run :mod:`.all_gather_ring`).

@@ -8,8 +8,8 @@ and its buffer; sync; each rank copies the other reduced slices out of their
 owners' slots. Every slice is reduced exactly once, so all ranks end bitwise
 identical; no message carries data.
 
-Cost per round (n bytes): 4(p−1)α (two synchronisations of p−1 sends and
-receives each) + (2(p−1)+1)/p·n·c (copies in and out; c the local copy cost)
+Cost per round (n bytes): 2·sync (two synchronisations, each the measured slot
+barrier, :func:`unison.link.sync_at`) + (2(p−1)+1)/p·n·c (copies in and out; c the local copy cost)
 + ((p−1)/p)·n·γ, the per-byte terms scaled by ``p / cores`` when ranks outnumber
 the cores. :mod:`.all_reduce_shm_one` trades the second synchronisation and the
 copies out for redundant arithmetic; the selector weighs the two.

@@ -11,7 +11,7 @@ instead of ``((p−1)/p)·n`` bytes, which pays at small ``p`` (at ``p = 2`` the
 two-phase algorithm saves half a reduction but adds a synchronisation, a
 copy-back and a second pass over the peer's slot).
 
-Cost per round (n bytes): 2(p−1)·sync + n·c + (p−1)·n·γ, the per-byte terms
+Cost per round (n bytes): one sync + n·c + (p−1)·n·γ, the per-byte terms
 scaled by ``p / cores`` when ranks outnumber the cores (the redundant work then
 queues for the same cores).
 Preconditions: every rank of the job on one host with shared memory (the link

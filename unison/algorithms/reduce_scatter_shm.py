@@ -5,7 +5,7 @@ others own into its slot half (block j's part at position j); sync; rank r
 reduces, in rank order, its own block and the peers' copies of block r straight
 into its output. One synchronisation per round, no message carries data.
 
-Cost per round (n bytes in total): 2(p−1)α + ((p−1)/p)·n·c + ((p−1)/p)·n·γ.
+Cost per round (n bytes in total): one sync + ((p−1)/p)·n·c + ((p−1)/p)·n·γ.
 Preconditions: every rank on one host (a :class:`SharedLink`); blocks of equal
 length; the world group (others run :mod:`.reduce_scatter_ring`).
 Reference: OpenMPI ``coll/sm``; Li et al. (HPDC 2013).

@@ -99,7 +99,7 @@ def choose(
                         f"UNISON_ALGO forces {collective}:{forced}, which cannot serve "
                         f"{p} ranks x {nbytes} bytes here: it needs {mod.NEEDS}"
                     )
-                link = topo.link.at(nbytes)
+                link = topo.link.at(nbytes, p)
                 t = link.overhead + mod.cost(p, nbytes, link)
                 return Choice(collective, forced, mod, t, True)
         raise UnsupportedError(
@@ -112,7 +112,7 @@ def choose(
 @functools.lru_cache(maxsize=4096)
 def _cheapest(collective: str, p: int, nbytes: int, topo: Topology) -> Choice:
     best: Choice | None = None
-    link = topo.link.at(nbytes)  # in-cache or out-of-cache rates, by size
+    link = topo.link.at(nbytes, p)  # rates by size; α with the wake-ups of p ranks
     for mod in REGISTRY[collective]:
         if mod.supports(p, nbytes, topo):
             t = link.overhead + mod.cost(p, nbytes, link)
@@ -133,7 +133,7 @@ def table(
     topo = Topology.of(link, p)
     for coll, mods in REGISTRY.items():
         for n in sizes:
-            cells = [f"{m.NAME}={fmt(m.cost(p, n, link.at(n)))}" for m in mods]
+            cells = [f"{m.NAME}={fmt(m.cost(p, n, link.at(n, p)))}" for m in mods]
             pick = _cheapest(coll, p, n, topo).name
             lines.append(f"{coll:15s} {n:>12d}B  {' '.join(cells)}  -> {pick}")
     return "\n".join(lines)

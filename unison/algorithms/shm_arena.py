@@ -28,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import UnsupportedError
-from ..link import SLOT_BYTES, Link, SharedLink, crowding
+from ..link import SLOT_BYTES, Link, SharedLink, crowding, sync_at
 from ._context import OpContext
 
 __all__ = [
@@ -61,10 +61,11 @@ def rounds(n: int, link: Link) -> int:
 
 def sync_cost(p: int, link: Link) -> float:
     """Seconds of one :func:`sync` of ``p`` ranks under ``link``: a barrier on the shared
-    sequence slots (every rank publishes once and reads the others: about one α,
-    whatever ``p``), else 2(p−1) zero-byte messages."""
+    sequence slots (every rank publishes once and reads the others; the measured
+    barrier, :func:`unison.link.sync_at`, which grows with ranks per core), else
+    2(p−1) zero-byte messages."""
     if isinstance(link, SharedLink) and link.sync > 0:
-        return link.sync * crowding(p, link)
+        return sync_at(p, link)
     return 2 * (p - 1) * link.alpha
 
 

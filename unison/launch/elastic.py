@@ -274,10 +274,9 @@ class ElasticDriver:
         for m in fresh:
             self._start(m, ranks[m.id].size)
 
-    def _start(self, m: Member, size: int) -> None:
-        seq = len(self.workers)
+    def _environment(self, m: Member, size: int, servers: int = 0) -> dict[str, str]:
+        """A new worker's environment (rank ``m.rank`` of ``size``)."""
         assert m.rank is not None
-        slot = Slot(m.rank, m.host, 0, 1, 0, 1)
         env = rank_environment(
             self.env,
             rank=m.rank,
@@ -286,11 +285,19 @@ class ElasticDriver:
             secret=self.secret,
             job_id=self.job_id,
             timeout=self.timeout,
-            slot=slot,
+            servers=servers,
+            slot=Slot(m.rank, m.host, 0, 1, 0, 1),
             network_interface=self.network_interface,
         )
-        env["UNISON_ELASTIC_ID"] = m.id
         env["UNISON_ELASTIC_TIMEOUT"] = repr(float(self.elastic_timeout))
+        if not servers:  # parameter-server jobs form no elastic rounds (unison.ps.join)
+            env["UNISON_ELASTIC_ID"] = m.id
+        return env
+
+    def _start(self, m: Member, size: int) -> None:
+        seq = len(self.workers)
+        assert m.rank is not None
+        env = self._environment(m, size)
         if self.verbose:
             self._say(f"worker {m.id} on host {m.host}: {' '.join(self.command)}")
         try:

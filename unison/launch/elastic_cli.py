@@ -9,12 +9,14 @@ import secrets
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .. import config as C
 from ..elastic import Blacklist, FixedHosts, HostDiscovery, ScriptDiscovery
 from ..errors import InvalidArgumentError, LaunchError
 from ..store import TCPStoreServer
 from .elastic import ElasticDriver
+from .elastic_ps import PsElasticDriver
 from .hosts import is_local, store_endpoint
 
 __all__ = ["add_elastic_options", "is_elastic", "main", "run_elastic"]
@@ -33,12 +35,19 @@ def run_elastic(
     env: Mapping[str, str] | None = None,
     store_addr: str | None = None,
     network_interface: str | None = None,
+    servers: int = 0,
     **kwargs: object,
 ) -> int:
-    """Run ``command`` as an elastic job; its exit status."""
+    """Run ``command`` as an elastic job; its exit status. With ``servers``, a parameter-
+    server job (:class:`~.elastic_ps.PsElasticDriver`): the counts include the servers."""
     if not 1 <= min_np <= np or (max_np is not None and max_np < np):
         raise InvalidArgumentError(
             f"need 1 <= --min-np ({min_np}) <= -np ({np}) <= --max-np ({max_np})"
+        )
+    if servers and not 0 < servers < min_np:
+        raise InvalidArgumentError(
+            f"--servers {servers} with --min-np {min_np}: -np, --min-np and --max-np count "
+            "every process, servers included, so --min-np must leave at least one worker"
         )
     blacklist = Blacklist(cooldown_range)
     first = discovery.find_available_hosts_and_slots()  # a broken script fails here
@@ -53,7 +62,9 @@ def run_elastic(
     job_id = f"{int(time.time())}-{os.getpid()}-{secrets.token_hex(3)}"
     with TCPStoreServer(*bind, secret, max_connections=1024) as server:
         server.start()
-        driver = ElasticDriver(
+        extra: dict[str, Any] = {"servers": servers} if servers else {}
+        cls = PsElasticDriver if servers else ElasticDriver
+        driver = cls(
             command,
             discovery=discovery,
             np=np,
@@ -68,6 +79,7 @@ def run_elastic(
             secret=secret,
             job_id=job_id,
             network_interface=network_interface,
+            **extra,
             **kwargs,  # type: ignore[arg-type]
         )
         return driver.run()
@@ -152,8 +164,6 @@ def main(
 ) -> int:
     """``unison run`` with elastic arguments."""
     discovery: HostDiscovery
-    if args.servers:
-        raise InvalidArgumentError("--servers (parameter server) does not combine with elastic")
     if args.host_discovery_script:
         if hosts:
             raise InvalidArgumentError("give either -H/--hostfile or --host-discovery-script")
@@ -197,6 +207,7 @@ def _run(
         env=env,
         store_addr=args.store_addr,
         network_interface=args.network_interface,
+        servers=args.servers or 0,
         rsh=rsh,
         export=export,
         prefix=prefix,

@@ -17,6 +17,11 @@ Roles: with ``UNISON_NUM_SERVERS=N`` (``unison run --servers N`` sets it) the
 **last** N ranks are servers and ranks 0 .. size-N-1 are workers, so worker i is
 rank i; ``UNISON_ROLE=server|worker`` on a process overrides that (for other
 launchers). :func:`init` is collective over every rank of the job.
+
+Elastic jobs (``UNISON_PS_ELASTIC=1``; ``unison run --servers N`` with ``--min-np``,
+``--max-np`` or ``--host-discovery-script``): a lost worker leaves the consistency
+clocks instead of failing the others, and a worker started later with
+``UNISON_PS_JOIN=<id>`` joins the running servers in :func:`init` (:mod:`.join`).
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ from typing import NoReturn
 from .. import config as C
 from ..comm import objects as _objects
 from ..errors import InvalidArgumentError, MismatchError
-from ..log import get_logger
+from ..log import configure, get_logger
+from ..world import adopt as _adopt
 from ..world import current, is_initialized
 from ..world import init as _init_runtime
 from ..world import shutdown as _shutdown
 from .checkpoint import load
 from .consistency import ASP, BSP, SSP, Consistency, from_key
+from .join import join_id, request_join
 from .partition import DEFAULT_SPLIT_BYTES, Piece, home, layout
 from .rules import SGD, Adam, Assign, Custom, Rule, Sum
 from .server import Server, ServerSummary
@@ -141,9 +148,23 @@ def serve(
     mine, workers, servers, policy = _negotiate(consistency, split_bytes)
     if mine != "server":
         raise InvalidArgumentError(f"ps.serve() on rank {current().rank}, a worker")
+    return _server(workers, servers, policy, split_bytes).serve()
+
+
+def _server(
+    workers: list[int], servers: list[int], policy: Consistency, split_bytes: int
+) -> Server:
     rt = current()
-    server = Server(rt.world, servers.index(rt.rank), workers, policy, rt.config.timeout)
-    return server.serve()
+    return Server(
+        rt.world,
+        servers.index(rt.rank),
+        workers,
+        policy,
+        rt.config.timeout,
+        servers=len(servers),
+        split_bytes=split_bytes,
+        runtime=rt,
+    )
 
 
 def _exit_server(summary: ServerSummary) -> NoReturn:
@@ -165,13 +186,41 @@ def init(
     when a worker was lost). ``consistency`` defaults to :class:`BSP`; tensors of
     ``split_bytes`` or more are split across all servers. Every rank must pass
     the same settings (a server may pass ``consistency=None`` to take the workers').
+    A worker started with ``UNISON_PS_JOIN`` joins a running elastic job instead (not
+    collective): its :attr:`KVStore.joined_at` is the clock it starts at.
     """
+    wid = join_id()
+    if wid is not None:
+        return _join(wid, consistency, split_bytes)
     mine, workers, servers, policy = _negotiate(consistency, split_bytes)
     rt = current()
     if mine == "server":
-        server = Server(rt.world, servers.index(rt.rank), workers, policy, rt.config.timeout)
-        _exit_server(server.serve())
+        _exit_server(_server(workers, servers, policy, split_bytes).serve())
     kv = KVStore(rt.world, workers, servers, policy, split_bytes)
+    atexit.register(_at_exit, kv)
+    return kv
+
+
+def _join(wid: int, consistency: Consistency | None, split_bytes: int) -> KVStore:
+    """A worker started to join a running elastic job (``UNISON_PS_JOIN``)."""
+    if consistency is not None and not isinstance(consistency, Consistency):
+        raise InvalidArgumentError(
+            f"consistency must be ps.BSP(), ps.ASP() or ps.SSP(s), got {consistency!r}"
+        )
+    if is_initialized():
+        raise InvalidArgumentError(
+            f"ps.init: worker {wid} joins a running job ({C.ENV_PS_JOIN}): call ps.init() "
+            "without unison.init() first (it opens this worker's world with the servers)"
+        )
+    cfg = C.load_config()
+    configure(cfg.log_level)
+    rt, settings = request_join(wid, cfg, consistency, split_bytes)
+    _adopt(rt)
+    n = int(settings["servers"])
+    policy = from_key((str(settings["consistency"][0]), int(settings["consistency"][1])))
+    kv = KVStore(rt.world, [n], list(range(n)), policy, split_bytes, worker_id=wid)
+    kv._join()
+    log.warning("worker %d joined the running job at clock %d", wid, kv.current_clock)
     atexit.register(_at_exit, kv)
     return kv
 

@@ -87,13 +87,15 @@ class ServerState:
         self.elastic = elastic  # a lost worker leaves the clocks instead of failing the job
         self.index = index
         self.rank = rank
-        self.workers = tuple(workers)
+        #: every worker id that has been in the job (elastic jobs add the ones that join)
+        self.workers = list(workers)
         self.policy = policy
         self.park_timeout = park_timeout
         self.now = now
         self.clocks: dict[int, int] = {w: 0 for w in self.workers}
         self.barriers: dict[int, int] = {w: 0 for w in self.workers}
         self.gone: set[int] = set()  # left with BYE, or lost
+        self.left_cleanly = 0  # workers that said goodbye without an error
         self.shards: dict[PieceKey, np.ndarray] = {}
         self.info: dict[PieceKey, dict[str, Any]] = {}  # shape, dtype, start, stop
         self.metas: dict[str, _KeyMeta] = {}  # keys whose home is this server
@@ -110,7 +112,14 @@ class ServerState:
         return min(live) if live else DONE
 
     def finished(self) -> bool:
-        return len(self.gone) == len(self.workers)
+        """Every worker has left; in an elastic job, at least one of them in order (while
+        all were lost, a replacement may still join)."""
+        done = len(self.gone) == len(self.workers)
+        return done and (not self.elastic or self.left_cleanly > 0 or self.failure is not None)
+
+    def waiting_for_a_worker(self) -> bool:
+        """Elastic: every worker was lost; the job lives on only if one joins."""
+        return len(self.gone) == len(self.workers) and not self.finished()
 
     def blockers(self, clock: int) -> list[int]:
         """Live workers whose clock keeps a pull at ``clock`` waiting."""
@@ -125,6 +134,8 @@ class ServerState:
         out: list[Reply] = []
         if req.op == PsOp.BYE:
             return self._bye(req)
+        if req.op == PsOp.JOIN:
+            return self._join(req)
         if req.error is not None:
             return [self._error(req, req.error)]
         if self.failure is not None:
@@ -163,6 +174,7 @@ class ServerState:
         self.gone.add(worker)
         if self.elastic:  # its clock leaves the SSP/BSP computation; the others go on
             log.warning("worker rank %d left the job (%s); going on without it", worker, reason)
+            self._forget(worker)
             return self._progress()
         if self.failure is None:
             self.failure = PeerLostError(
@@ -205,8 +217,56 @@ class ServerState:
             why = str(req.meta.get("reason", "unknown error"))
             out.extend(self.lost(req.worker, f"it failed: {why}"))
         else:
+            if req.worker not in self.gone:
+                self.left_cleanly += 1
             self.gone.add(req.worker)
             out.extend(self._progress())
+        return out
+
+    # --- elastic: a lost worker's unfinished step, a worker that joins ---------------------
+    def _forget(self, worker: int) -> None:
+        """Drop what a lost worker left unfinished: its parked requests (nobody will read
+        the answers) and its pushes, not yet applied, of the step it never finished (made
+        at its last clock or later): a replacement redoes that step."""
+        self.parked = [p for p in self.parked if p.req.worker != worker]
+        last = self.clocks.get(worker, 0)
+        for clock, pieces in self.held.items():
+            if clock >= last:
+                for parts in pieces.values():
+                    parts.pop(worker, None)
+        for clock in [c for c, pieces in self.held.items() if not any(pieces.values())]:
+            del self.held[clock]
+
+    def start_clock(self, worker: int) -> int:
+        """The clock a worker joining now starts at: the slowest live worker's clock, or its
+        predecessor's (same id) if that is later; with no worker live, the furthest clock."""
+        known = [c for w, c in self.clocks.items() if w != worker]
+        live = [c for w, c in self.clocks.items() if w not in self.gone and w != worker]
+        base = min(live) if live else max(known, default=0)
+        return max(base, self.clocks.get(worker, 0))
+
+    def _join(self, req: WorkerRequest) -> list[Reply]:
+        """Worker ``req.worker`` joins a running elastic job (a replacement keeps the id of
+        the worker it replaces). It is held at the clock it may start at until it announces
+        the clock it starts at (the largest any server offered), so no server applies a
+        clock it may still push to."""
+        if not self.elastic:
+            return [self._error(req, _bad("join: this parameter-server job is not elastic"))]
+        out: list[Reply] = []
+        w = req.worker
+        if w in self.clocks and w not in self.gone:  # its predecessor's loss is still in flight
+            out.extend(self.lost(w, "replaced by a worker with the same id"))
+        start = self.start_clock(w)
+        if w not in self.workers:
+            self.workers.append(w)
+        self.gone.discard(w)
+        self.clocks[w] = start
+        # it runs the script from the top: its k-th barrier() is everyone's k-th, so the
+        # barriers the others have passed return at once and one they wait in waits for it
+        self.barriers[w] = 0
+        log.warning("worker %d joined the job at clock %d", w, start)
+        out.append(self._ok(req, {"clock": start, "workers": len(self.workers)}))
+        out.extend(self._progress())
         return out
 
     def _claim(self, req: WorkerRequest) -> list[Reply]:

@@ -65,6 +65,7 @@ class PsOp(enum.IntEnum):
     SAVE = 8
     BARRIER = 10  # wait until every worker still in the job has called barrier as often
     BYE = 9  # the worker leaves (metadata 'failed': it is exiting with an error)
+    JOIN = 11  # elastic: a worker joins a running job; the reply says its first clock
 
 
 class PsStatus(enum.IntEnum):

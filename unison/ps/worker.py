@@ -58,13 +58,18 @@ class KVStore:
         servers: Sequence[int],
         consistency: Consistency,
         split_bytes: int,
+        worker_id: int | None = None,
     ) -> None:
         self.comm = comm
         self.workers = tuple(workers)
         self.servers = tuple(servers)
-        #: this worker's index among the workers (0 .. num_workers - 1)
-        self.rank = self.workers.index(comm.global_rank)
+        #: this worker's id: its index among the first workers (0 .. num_workers - 1); a
+        #: worker that joined an elastic job later has the id it was started with
+        self.rank = self.workers.index(comm.global_rank) if worker_id is None else worker_id
+        #: the number of worker ids in the job when this worker joined it
         self.num_workers = len(self.workers)
+        #: the clock this worker joined a running elastic job at (None: it started with it)
+        self.joined_at: int | None = None
         self.num_servers = len(self.servers)
         self.consistency = consistency
         self.split_bytes = split_bytes
@@ -83,6 +88,19 @@ class KVStore:
     def current_clock(self) -> int:
         """How many times this worker has called :meth:`clock`."""
         return self._clock
+
+    def _join(self) -> None:
+        """Enter a running elastic job: every server registers this worker and offers the
+        clock it may start at; it starts at the largest offer and says so to every server."""
+        calls = [ch.request(PsOp.JOIN, "ps.init (join)", 0) for ch in self._servers]
+        for c in calls:
+            c.wait()
+        offers = [c.result() for c in calls]
+        self._clock = max(int(o["clock"]) for o in offers)
+        self.num_workers = max(int(o["workers"]) for o in offers)
+        self.joined_at = self._clock
+        for ch in self._servers:
+            ch.notify(PsOp.CLOCK, self._clock)
 
     # --- key metadata ------------------------------------------------------------------------
     def _check_open(self, what: str) -> None:

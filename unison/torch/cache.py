@@ -40,6 +40,10 @@ class ResponseCache:
             return None
         return cid
 
+    def id_of(self, name: str) -> int | None:
+        """The id of the cached response named ``name`` (None: not cached)."""
+        return self._by_name.get(name)
+
     def get(self, cid: int) -> Response:
         return self._by_id[cid]
 

@@ -16,7 +16,7 @@ first takes the message; it is delivered exactly once, in order per peer, under 
 slot's lock. An any-source receive outlives a lost peer, so one never-matched
 receive per peer (the *sentinel*) is posted too: the transport fails it when the peer
 is lost, and :meth:`NegotiationChannel.check_peers` (called whenever a wait for
-messages has gone a second without one) reports it. The watcher waits on the
+messages has gone :data:`_CHECK_S` without one, asleep) reports it. The watcher waits on the
 receive only while the engine wants messages at once (``need()``: it has work
 pending, see :meth:`NegotiationChannel.watch`); otherwise it looks every ``poll``
 seconds, so a rank with nothing to do costs no wake-up per message. A peer that fails
@@ -43,7 +43,9 @@ __all__ = ["NegotiationChannel"]
 HEAD = 1024
 _LEN = struct.Struct("<I")
 _TAG_HEAD, _TAG_TAIL, _TAG_ALIVE = 1, 2, 3
-_CHECK_S = 1.0  # a wait for messages checks the peers' sentinels this often
+#: a wait for messages (asleep after its first slice) checks the peers' sentinels this
+#: often: a lost peer is reported within this time, at one wake-up per period
+_CHECK_S = 0.05
 _ROOM = HEAD - _LEN.size
 
 
@@ -90,6 +92,12 @@ class NegotiationChannel:
         #: backends), where an idle rank's delayed answer held a peer's cycle up to
         #: ``poll`` seconds (np=3 on the torch backend: ops of 1-10 s)
         self.prompt = False
+        #: between cycles, take peers' messages at once even with nothing pending (set by
+        #: the engine while the next cycle is gathered in one collective: a message that
+        #: comes point to point then is a peer's cycle that did not fit, or its goodbye)
+        self.listen = False
+        #: the watcher waits on the posted receive now (no nudge needed to listen)
+        self.watching = False
 
     def start(self) -> None:
         if not self.peers:
@@ -132,15 +140,15 @@ class NegotiationChannel:
         :meth:`_take` takes inside this channel's to deliver."""
         return self._work
 
-    def pull(self, work: Work | None, timeout: float) -> None:
+    def pull(self, work: Work | None, timeout: float, asleep: bool = False) -> None:
         """Wait up to ``timeout`` on ``work`` (what :meth:`posted` said) in this thread,
-        driving the transport (or asleep, see :attr:`sleep_wait`), and deliver its
-        message if nobody has. Errors are left to the watcher to report."""
+        driving the transport (or asleep: ``asleep`` or :attr:`sleep_wait`), and deliver
+        its message if nobody has. Errors are left to the watcher to report."""
         if work is None:  # every peer said goodbye (the engine knows): nothing will come
             self._stop.wait(min(timeout, 0.05))
             return
         try:
-            if self.sleep_wait:
+            if self.sleep_wait or asleep:
                 if not _block(work, timeout):
                     return
             else:
@@ -159,7 +167,10 @@ class NegotiationChannel:
         """Report a peer the transport has lost (its sentinel receive failed)."""
         for peer in sorted(self._open):
             w = self._alive.get(peer)
-            if w is None or not w.is_completed():
+            if w is None:
+                continue
+            req = w.request  # a flag read, where there is one (no transport progress)
+            if (req is not None and not req.done()) or not w.is_completed():
                 continue
             exc = w.exception()
             if isinstance(exc, CollectiveTimeoutError) or exc is None:  # its deadline: renew
@@ -210,8 +221,16 @@ class NegotiationChannel:
                 return
             try:
                 late = False
-                if self.prompt or self._need():
-                    done = _block(work, min(self.poll, _CHECK_S))
+                need = self._need()
+                self.watching = need or self.listen
+                if self.prompt or need or self.listen:
+                    # work pending: a lost peer matters now (checked every _CHECK_S,
+                    # asleep in between); only listening: the next cycle checks anyway
+                    if self.prompt:  # no sentinels there: the transport reports a loss
+                        t = min(self.poll, 1.0)
+                    else:
+                        t = _CHECK_S if need else self.poll
+                    done = _block(work, t)
                     if not done:
                         self.check_peers()
                 else:

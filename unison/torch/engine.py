@@ -19,7 +19,19 @@ with the peer's), so no timing constant is involved. Between cycles one watcher 
 waits on the peers' messages while this rank has work pending
 (:mod:`unison.torch.channel`).
 
-The steady-state fast path: a blocking call (``hvd.allreduce`` ...) made while
+Steady state: when every rank's message of a cycle was pure response-cache traffic
+that fits a fixed-size record and the cycle decided all of it (the same bits from every
+rank: nobody is left with anything pending), every rank knows the next cycle is
+*gathered*: each
+rank packs its message into a record and one all_gather on the set's data group (the
+native engine's slot lane) hands every rank every message — no pickling, no
+point-to-point wake-ups (:mod:`unison.torch.record`). A message that does not fit
+travels point to point and its record says so. Every rank was promised the gathered
+cycle, so whoever runs it enters it: a caller, the engine thread for an async
+submission or a peer's message, an idle rank within ``idle_answer_s`` (as its idle
+answer), and :meth:`TorchEngine.close` with its goodbye.
+
+The fast path for the caller: a blocking call (``hvd.allreduce`` ...) made while
 the engine is idle (nothing queued or pending, no cycle running) runs the cycle
 on the caller's thread (:meth:`TorchEngine.run_blocking`) and waits on the peers'
 receives itself (:meth:`NegotiationChannel.pull`): a cached small all-reduce then completes
@@ -40,15 +52,18 @@ from .attendance import Attendance
 from .cache import ResponseCache, and_bits, bits_to_ids, ids_to_bits
 from .channel import NegotiationChannel
 from .errors import HorovodInternalError
+from .exchange import execute, gather
 from .execute import Executor
 from .handle import Entry
-from .inline import deliver, payload, reduce_inline, runs_inline
-from .negotiation import Coordinator, RequestKind, Response, TensorRequest, request_of
+from .inline import payload
+from .negotiation import Coordinator, Response, TensorRequest, request_of
+from .record import LaneCycles
 from .settings import Settings
 from .stall import StallInspector
 from .timeline import Timeline
 
 __all__ = ["TorchEngine"]
+
 
 log = logging.getLogger("unison.torch")
 
@@ -83,7 +98,7 @@ class TorchEngine:
         # reduced inline (from the cycle messages, no data collective)
         # reduced inline (from the cycle messages, no data collective), cycles run on the
         # caller's thread
-        self.counts = {"cycles": 0, "control_sent": 0, "inline": 0, "caller": 0}
+        self.counts = {"cycles": 0, "control_sent": 0, "inline": 0, "caller": 0, "lane": 0}
         self.cache = ResponseCache(settings.cache_capacity)
         # every rank keeps the coordinator's table (fed the same messages, it decides the
         # same); rank 0 (the lead) also runs the stall inspector
@@ -113,7 +128,10 @@ class TorchEngine:
             self.idle_answer_s,
         )
         self._thread = threading.Thread(target=self._loop, name="unison-hvd-engine", daemon=True)
-        self._last_sent = time.monotonic()
+        self._last_sent = self._ended = time.monotonic()
+        #: steady-state cycles gathered with one collective (:mod:`unison.torch.record`)
+        self.lanes = LaneCycles(data, self.size, self.me)
+        self._lane_next = False  # every rank's last message said: the next cycle is one
 
     def start(self) -> None:
         self.channel.start()
@@ -156,7 +174,7 @@ class TorchEngine:
                     self._cv.notify_all()
                 elif (self._cycle + 1) in self._inbox:
                     self._cv.notify_all()
-                if self._has_work():
+                if self._has_work() or (self._lane_next and not self.channel.watching):
                     self.channel.watch()
 
     def _admit(self, entry: Entry) -> None:
@@ -243,6 +261,13 @@ class TorchEngine:
             return False
         if self._new or self._kick:
             return True
+        if self._lane_next:
+            # every rank promised to enter the next cycle: a peer's message or goodbye
+            # means it has; with nothing of our own we enter within idle_answer_s (the
+            # point-to-point path's idle answer), so peers never wait past their deadline
+            if (self._cycle + 1) in self._inbox or self._gone:
+                return True
+            return time.monotonic() - self._ended >= self.idle_answer_s
         return (self._cycle + 1) in self._inbox and self._linger() <= 0
 
     def _loop(self) -> None:
@@ -254,9 +279,14 @@ class TorchEngine:
                             raise self._error
                         if self._closing:
                             return
-                        t = self._idle_timeout()
+                        # at most idle_answer_s: a caller's cycle may have promised the
+                        # next one to the peers without waking this thread
+                        t = min(self._idle_timeout(), self.idle_answer_s)
                         if not self._running and (self._cycle + 1) in self._inbox:
                             t = min(t, max(self._linger(), 1e-4))
+                        elif not self._running and self._lane_next:
+                            due = self._ended + self.idle_answer_s - time.monotonic()
+                            t = min(t, max(due, 1e-4))
                         self._cv.wait(t)
                         self._housekeeping()
                     if self._error is not None:
@@ -271,7 +301,7 @@ class TorchEngine:
                     with self._cv:
                         self._running = False
                         self._cv.notify_all()
-                        if self._has_work():
+                        if self._has_work() or (self._lane_next and not self.channel.watching):
                             self.channel.watch()
         except BaseException as exc:
             self._fail_all(exc)
@@ -339,12 +369,25 @@ class TorchEngine:
         if self._lead and self._force:
             force, self._force = self._force, {}
         parts = payload(entries) if self.size > 1 else {}  # a set of one reduces nothing
-        mine = ("C", k, ids_to_bits(ids), fresh, force, parts)
-        self.channel.send_all(mine)
+        bits = ids_to_bits(ids)
+        # "my next cycle may be gathered in one collective": pure response-cache traffic
+        # that fits a record (packed now, used if this cycle is gathered that way too)
+        steady = (
+            bool(ids)
+            and not fresh
+            and not force
+            and not self.coord.busy
+            and self.lanes.steady(("C", k, bits, fresh, force, parts, True), self.cache)
+        )
+        mine = ("C", k, bits, fresh, force, parts, steady)
         self.counts["cycles"] += 1
-        self.counts["control_sent"] += self.size - 1
-        self._last_sent = time.monotonic()
-        msgs = self._gather(k)
+        if self._lane_next:
+            msgs = self._lane_gather(mine, k, steady)
+        else:
+            self.channel.send_all(mine)
+            self.counts["control_sent"] += self.size - 1
+            self._last_sent = time.monotonic()
+            msgs = self._gather(k)
         msgs[self.me] = mine
         self._cycle = k
         with self._cv:
@@ -352,6 +395,15 @@ class TorchEngine:
         # every rank holds every rank's message and the same coordinator table, so every
         # rank decides alike: no round trip to a coordinator, even for new requests
         coordinated = any(m[3] for m in msgs.values()) or bool(msgs[0][4]) or self.coord.busy
+        # the next cycle is gathered when every message was steady and this one decides
+        # everything every rank announced (the same bits everywhere): then no rank has
+        # anything pending but what it submits next, which makes it enter at once
+        self._lane_next = (
+            self.size > 1
+            and not coordinated
+            and all(msgs[r][6] and msgs[r][2] == msgs[0][2] for r in range(self.size))
+        )
+        self.channel.listen = self._lane_next
         if not coordinated:
             ready = bits_to_ids(and_bits([msgs[r][2] for r in range(self.size)]))
             responses = [self.cache.get(i) for i in ready]
@@ -367,6 +419,7 @@ class TorchEngine:
             responses = self.coord.ready(msgs[0][4])
         if responses:
             self._execute(responses, [msgs[r][5] for r in range(self.size)])
+        self._ended = time.monotonic()
 
     def _observe(self, msgs: dict[int, Any]) -> None:
         """Coordinator: who holds which pending tensor (for the stall inspector)."""
@@ -382,71 +435,28 @@ class TorchEngine:
         self._holders = holders
         self.stall.observe(holders, time.monotonic())
 
-    def _gather(self, k: int) -> dict[int, Any]:
-        deadline = time.monotonic() + self.settings.timeout
-        quiet = False
-        while True:
+    def _lane_gather(self, mine: tuple[Any, ...], k: int, packed: bool) -> dict[int, Any]:
+        """Cycle ``k``'s messages through one collective (every rank enters it; see
+        :meth:`_wanted`); a message that did not fit comes point to point."""
+        self.counts["lane"] += 1
+        if not packed and not self.lanes.pack(mine, self.cache):
+            self.channel.send_all(mine)
+            self.counts["control_sent"] += self.size - 1
+            self.lanes.mark(k, p2p=True)
+        self._last_sent = time.monotonic()
+        msgs, p2p, bye = self.lanes.exchange(k, self.cache, self.ranks)
+        if bye:
             with self._cv:
-                got = self._inbox.get(k, {})
-                if len(got) == self.size - 1:
-                    return dict(self._inbox.pop(k, {}))
-                if self._error is not None:
-                    raise self._error
-                gone = [self.ranks[r] for r in self._gone if r not in got]
-                if gone:
-                    raise HorovodInternalError(
-                        f"ranks {sorted(gone)} have shut down while rank "
-                        f"{self.ranks[self.me]} still has operations pending: "
-                        f"{sorted(self._pending)[:8]}",
-                        ranks=gone,
-                    )
-                missing = [self.ranks[r] for r in range(self.size) if r != self.me and r not in got]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise HorovodInternalError(
-                        f"negotiation timed out after {self.settings.timeout:g}s; "
-                        f"not heard from ranks {missing}",
-                        ranks=missing,
-                    )
-                # wait on the posted receive in this thread (no hand-off); taken under
-                # the lock: the missing messages have not been delivered, so they land there
-                work = self.channel.posted()
-                if quiet:  # a second without a message: is a peer lost?
-                    self.channel.check_peers()
-            before = len(got)
-            self.channel.pull(work, min(left, 1.0))
-            quiet = len(self._inbox.get(k, {})) == before
+                self._gone.update(bye)
+        if p2p:
+            msgs.update(self._gather(k, p2p))
+        return msgs
+
+    def _gather(self, k: int, want: list[int] | None = None) -> dict[int, Any]:
+        return gather(self, k, want)
 
     def _execute(self, responses: list[Response], parts: list[dict[str, bytes]]) -> None:
-        now = time.perf_counter()
-        with self._cv:
-            local: list[Entry | None] = []
-            for resp in responses:
-                join = resp.request.kind is RequestKind.JOIN
-                name = "__join__" if join else resp.name
-                self._attendance.decided(name, join)
-                e = self._pending.pop(name, None)
-                if e is not None:
-                    e.decided = now
-                local.append(e)
-        rest: list[Response] = []
-        rest_local: list[Entry | None] = []
-        for resp, e in zip(responses, local, strict=True):
-            if self.size > 1 and runs_inline(resp, parts):
-                self.counts["inline"] += 1
-                start = time.perf_counter()
-                self.executor._queue_spans([resp], [e], start)
-                flat = reduce_inline(resp, parts, self.size)
-                self.executor._span(resp.name, "ALLREDUCE", start, time.perf_counter(), inline=1)
-                if e is not None:
-                    e.handle.finish(e.finish(e, deliver(e, flat)))
-            else:
-                rest.append(resp)
-                rest_local.append(e)
-        if rest:
-            self.executor.run(rest, rest_local)
-        for resp in responses:
-            self.cache.put(resp)
+        execute(self, responses, parts)
 
     # --- failure and shutdown ---------------------------------------------------------------
     def _fail_all(self, exc: BaseException) -> None:
@@ -469,11 +479,31 @@ class TorchEngine:
             self._closing = True
             self._cv.notify_all()
         self._thread.join(self.settings.timeout)
+        said_bye = False
+        with self._cv:
+            enter = self._lane_next and self._error is None and not self._running
+            enter = enter and not self._thread.is_alive()
+            self._running = self._running or enter
+        if enter:  # every peer was promised this rank's next cycle: its goodbye
+            said_bye = self._bye_gathered()
         with self._cv:
             entries = list(self._pending.values()) + self._new
             self._pending.clear()
             self._new = []
         for e in entries:
             e.handle.finish(error=HorovodInternalError("Horovod has been shut down"))
-        self.channel.close(say_bye=True)
+        self.channel.close(say_bye=not said_bye)
         self.executor.close()
+
+    def _bye_gathered(self) -> bool:
+        """Enter the promised gathered cycle with a goodbye (told point to point first,
+        so a listening peer enters at once instead of after ``idle_answer_s``)."""
+        k = self._cycle + 1
+        try:
+            self.channel.send_all("bye")
+            self.lanes.mark(k, bye=True)
+            self.lanes.exchange(k, self.cache, self.ranks)
+            self._cycle = k
+        except Exception as exc:  # the peers fail on their own; nothing pending here
+            log.debug("goodbye cycle %d failed: %r", k, exc)
+        return True

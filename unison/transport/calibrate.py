@@ -31,7 +31,13 @@ What is measured (about a quarter of a second, once per host):
   direct algorithms' arithmetic);
 * tcp α and β: a round trip and an 8 MiB stream over a local socket pair;
 * overhead: packing, parsing and matching one frame header in Python (the fixed
-  per-message work of :mod:`.framing` at one end), the part no link removes.
+  per-message work of :mod:`.framing` at one end), the part no link removes;
+* the round synchronisation of the direct shared-memory algorithms: the slot
+  barrier (:class:`~.seqslot.SeqSlots`, as the native runtime's arena sync runs it)
+  of 2 ranks on 2 cores and of 4 ranks on 2 cores (forked processes confined to
+  those cores; a few tens of ms), :attr:`unison.link.Link.sync` and
+  :attr:`~unison.link.Link.sync_crowded`. ``UNISON_SHM_SYNC`` and
+  ``UNISON_SHM_SYNC_CROWDED`` pin them.
 
 Measurement happens under an exclusive lock on the cache file, so the ranks of a
 job on one host measure once and all read the same numbers. Ranks on different
@@ -85,6 +91,7 @@ _KNOBS = {
     ("tcp", "alpha"): "UNISON_TCP_ALPHA",
     ("tcp", "beta"): "UNISON_TCP_BETA",
 }
+_SYNC_KNOBS = {"sync": "UNISON_SHM_SYNC", "sync_crowded": "UNISON_SHM_SYNC_CROWDED"}
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,10 @@ class Calibration:
     cold_gamma: float = 0.0
     cold_copy: float = 0.0
     cold_cma: float = 0.0
+    #: seconds of one slot barrier (the direct algorithms' round sync): 2 ranks on 2
+    #: cores, and 2 ranks per core (0: not measured)
+    sync: float = 0.0
+    sync_crowded: float = 0.0
 
     def link(self, transport: str) -> LinkParams:
         return self.tcp if transport == "tcp" else self.shm
@@ -138,6 +149,8 @@ class Calibration:
             cold_gamma=float(data["cold_gamma"]),
             cold_copy=float(data["cold_copy"]),
             cold_cma=float(data["cold_cma"]),
+            sync=float(data["sync"]),
+            sync_crowded=float(data["sync_crowded"]),
         )
 
 
@@ -203,6 +216,7 @@ def measure() -> Calibration:
     except (OSError, TimeoutError, ConnectionError):
         shm_alpha, (tcp_alpha, tcp_beta) = _FALLBACK_SHM[0], _FALLBACK_TCP
         source = "measured (pair test failed; defaults for α)"
+    sync, sync_crowded = probe.slot_sync()
     piece = (shm_alpha + 2 * overhead) / RING_PIECE  # a hop and both ends' work per piece
     return Calibration(
         shm=LinkParams(shm_alpha, 2 * copy + piece),
@@ -221,6 +235,8 @@ def measure() -> Calibration:
         cold_copy=cold[0],
         cold_gamma=cold[1],
         cold_cma=cold[2],
+        sync=sync,
+        sync_crowded=sync_crowded,
     )
 
 
@@ -276,6 +292,11 @@ def _override(cal: Calibration, env: Mapping[str, str]) -> Calibration:
         if value > 0:
             links[tr] = dataclasses.replace(links[tr], **{field: value})
             pinned = True
+    syncs = {}
+    for field, knob in _SYNC_KNOBS.items():
+        value = getattr(cfg, knob.removeprefix("UNISON_").lower())
+        syncs[field] = value if value > 0 else getattr(cal, field)
+        pinned = pinned or value > 0
     pinned = pinned or cfg.call_overhead > 0
     source = cal.source + " + UNISON_* overrides" if pinned else cal.source
     return Calibration(
@@ -292,6 +313,7 @@ def _override(cal: Calibration, env: Mapping[str, str]) -> Calibration:
         cal.cold_gamma,
         cal.cold_copy,
         cal.cold_cma,
+        **syncs,
     )
 
 
@@ -358,6 +380,9 @@ def main(args: argparse.Namespace | None = None) -> int:
         cold = [("copy", cal.cold_copy), ("reduction", cal.cold_gamma), ("cma", cal.cold_cma)]
         rates = ", ".join(f"{k} {1 / v / 1e9:.2f} GB/s" for k, v in cold if v > 0)
         print(f"  above {cal.big >> 20} MiB (out of cache): {rates}")
+    if cal.sync > 0:
+        crowded = f", 2 ranks per core {cal.sync_crowded * 1e6:.1f} us" if cal.sync_crowded else ""
+        print(f"  round sync (slot barrier) {cal.sync * 1e6:.1f} us{crowded}")
     print(f"cached in {path}" if path is not None else "not cached (UNISON_LINK_CACHE=off)")
     return 0
 
@@ -394,6 +419,8 @@ def install(env: Mapping[str, str] | None = None) -> Calibration | None:
             copy=cal.copy if tr == "shm" else 0.0,
             cma=cal.cma if tr == "shm" else 0.0,
             overhead=cal.call_overhead or base.overhead,
+            sync=cal.sync if tr == "shm" else 0.0,
+            sync_crowded=cal.sync_crowded if tr == "shm" else 0.0,
         )
         if cal.big > 0 and cal.cold_copy > 0:
             shm = tr == "shm"

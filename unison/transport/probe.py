@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-__all__ = ["COLD_MAX", "COPY", "cache_bytes", "pair", "per_message_overhead", "rates"]
+__all__ = ["COLD_MAX", "COPY", "cache_bytes", "pair", "per_message_overhead", "rates", "slot_sync"]
 
 _ROUNDS = 400  # ping-pong round trips per latency measurement
 _BATCH = 50  # round trips per batch (the estimate is the best batch)
@@ -202,3 +202,113 @@ def _child_args() -> list[str]:
 
 def _shm_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+# --- the round synchronisation of the direct shared-memory algorithms ----------------------
+
+_SYNC_WARM = 20  # rounds before the timed ones (the wait policy learns the peers)
+_SYNC_BATCH = 10  # rounds per timed batch (the estimate is the best batch)
+_SYNC_BATCHES = 10
+_SYNC_SLOT = 64  # payload bytes of each rank's slot (a barrier carries none)
+#: bytes each rank copies between two barriers, as a direct algorithm's round does
+#: (ranks that sleep while peers work must be woken and given a core again)
+_SYNC_WORK = 256 << 10
+
+
+def slot_sync() -> tuple[float, float]:
+    """Seconds of one round synchronisation of the direct shared-memory algorithms: the
+    slot barrier (:meth:`~.seqslot.SeqSlots.barrier`, what the native runtime's
+    ``arena_sync`` runs) of 2 ranks on 2 cores, and of twice as many ranks as cores
+    (4 ranks on 2 cores; 2 on 1 where only one core is usable), each a forked
+    process confined to those cores. 0 for a point that could not be measured.
+
+    Each round is a copy of :data:`_SYNC_WORK` bytes, then the barrier, as in a direct
+    algorithm; the sync is the round less the copy (measured alone, times ranks per
+    core: the copies of all ranks share the cores). Back-to-back barriers alone would
+    miss what a sync costs when ranks outnumber cores: a rank that went to sleep while
+    its peers worked must be woken and wait for a core (measured under load at 4 ranks
+    on 2 cores: ~20 µs back to back, ~200-300 µs with 64-512 KiB copied between).
+
+    Forked, not spawned: a fresh interpreter would import unison (hundreds of ms);
+    a forked child runs only the round loop (no imports, no locks) and leaves with
+    ``os._exit``. The best batch is the estimate, as for the other latencies."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return 0.0, 0.0
+    inside = _barrier_time(2, set(cpus[:2])) if len(cpus) >= 2 else 0.0
+    few = cpus[: min(2, len(cpus))]
+    crowded = _barrier_time(2 * len(few), set(few))
+    return inside, crowded
+
+
+def _barrier_time(p: int, cpus: set[int]) -> float:
+    """Best seconds per barrier of ``p`` forked ranks confined to ``cpus``; 0 on failure."""
+    if not hasattr(os, "fork"):
+        return 0.0
+    from .seqslot import SeqSlots, region_bytes
+
+    nb = region_bytes(_SYNC_SLOT)
+    shared = mmap.mmap(-1, p * nb + 8)  # anonymous and shared: the children inherit it
+    view = memoryview(shared)
+    regions = [view[q * nb : (q + 1) * nb] for q in range(p)]
+    oversubscribed = p > len(cpus)
+    timeout = _DEADLINE_S
+    pids: list[int] = []
+    try:
+        for q in range(p):
+            pid = os.fork()
+            if pid == 0:  # the child: barriers only, then leave without cleanup
+                code = 1
+                try:
+                    os.sched_setaffinity(0, cpus)
+                    src = np.ones(_SYNC_WORK, np.uint8)
+                    dst = np.zeros_like(src)
+                    work = float("inf")
+                    for _ in range(_SYNC_WARM):  # the copy alone (best: a core to itself)
+                        t = time.perf_counter()
+                        np.copyto(dst, src)
+                        work = min(work, time.perf_counter() - t)
+                    slots = SeqSlots(q, regions, _SYNC_SLOT, oversubscribed=oversubscribed)
+                    for _ in range(_SYNC_WARM):
+                        np.copyto(dst, src)
+                        slots.barrier(timeout)
+                    best = float("inf")
+                    for _ in range(_SYNC_BATCHES):
+                        t = time.perf_counter()
+                        for _ in range(_SYNC_BATCH):
+                            np.copyto(dst, src)
+                            slots.barrier(timeout)
+                        best = min(best, (time.perf_counter() - t) / _SYNC_BATCH)
+                    if q == 0:
+                        crowd = max(1.0, p / len(cpus))
+                        struct.pack_into("d", shared, p * nb, max(best - crowd * work, 1e-7))
+                    code = 0
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        deadline = time.monotonic() + _DEADLINE_S
+        ok = True
+        while pids:  # reap only these children (others of this process are not ours)
+            done, status = os.waitpid(pids[0], os.WNOHANG)
+            if done:
+                pids.pop(0)
+                ok = ok and os.waitstatus_to_exitcode(status) == 0
+            elif time.monotonic() > deadline:
+                ok = False
+                break
+            else:
+                time.sleep(0.002)
+        return float(struct.unpack_from("d", shared, p * nb)[0]) if ok else 0.0
+    except OSError:
+        return 0.0
+    finally:
+        for pid in pids:  # a child past the deadline: end it (only the ones started here)
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        del regions
+        view.release()
+        shared.close()
