@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -48,6 +49,10 @@ _HEAD = 64
 _HALF_HEAD = 16
 _MASK = 0xFFFFFFFF
 _SLEEP_S = 0.005  # a sleeping waiter re-checks this often (bounds a lost wake-up)
+# publish seq, then read sleepers: a store-load fence (an uncontended lock's acquire on
+# x86-64; the futex call fences the waiter's side; _SLEEP_S bounds a miss elsewhere)
+_FENCE = threading.Lock()
+_fence_in, _fence_out = _FENCE.acquire, _FENCE.release
 _CHECK_S = 0.001  # a waiter looks for failures elsewhere and its deadline this often
 
 _ALL_REDUCE, _BROADCAST, _ALL_GATHER, _REDUCE_SCATTER, _BARRIER = range(5)
@@ -302,6 +307,8 @@ class SeqSlots:
         head[0] = sig
         head[1] = key
         self._my_seq.value = k
+        _fence_in()
+        _fence_out()
         if self._my_sleepers.value:
             self._my_sleepers.value = 0
             futex.wake(self._my_addr, 1 << 20)
