@@ -203,6 +203,15 @@ KNOBS: tuple[Knob, ...] = (
         "get slots",
     ),
     Knob(
+        "UNISON_GROUP_ARENA_BYTES",
+        "group_arena_bytes",
+        1 << 20,
+        _size,
+        "per rank and per sub-group with a slot region (UNISON_GROUP_SLOTS): bytes of shared "
+        "memory the sub-group's direct shared-memory algorithms copy through (one host); "
+        "0: sub-groups take the message-based algorithms",
+    ),
+    Knob(
         "UNISON_LOG_LEVEL",
         "log_level",
         "WARNING",
@@ -364,6 +373,7 @@ class Config:
     inline_send_bytes: int = 1 << 16
     small_bytes: int = 4096
     group_slots: int = 8
+    group_arena_bytes: int = 1 << 20
     log_level: str = "WARNING"
     bind_addr: str = ""
     network_interface: str = ""

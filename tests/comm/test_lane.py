@@ -205,6 +205,30 @@ def _three_ways() -> list[str]:
             un.all_reduce(x)
         if not np.array_equal(x, np.full(4, sum(q + i for q in range(p)), np.float64)):
             bad.append(f"mixed paths, call {i}: {x}")
+    # one count in several shapes (the lane's plans are per shape), 0-d arrays too
+    for shape in ((6,), (2, 3), (3, 2), (1, 6), (6, 1), (), (1,)):
+        base = (np.arange(int(np.prod(shape))) + 1).reshape(shape)
+        x = np.array(base * (r + 1), np.int64)  # 0-d stays an array
+        un.all_reduce(x)
+        if x.shape != shape or not np.array_equal(x, base * (p * (p + 1) // 2)):
+            bad.append(f"all_reduce of shape {shape}: {x!r}")
+        y = np.array(base * (r + 1), np.float32)
+        un.broadcast(y, p - 1)
+        if y.shape != shape or not np.array_equal(y, base * p):
+            bad.append(f"broadcast of shape {shape}: {y!r}")
+        got = np.empty((p, *shape), np.float32)
+        un.all_gather_into_tensor(got, np.array(base * (r + 1), np.float32))
+        if not np.array_equal(got, np.stack([base * (q + 1) for q in range(p)])):
+            bad.append(f"all_gather of shape {shape}: {got!r}")
+        out = np.empty(shape, np.int64)
+        whole = np.concatenate([base.reshape(-1) * (q + 1) for q in range(p)]) + r
+        un.reduce_scatter_tensor(out, whole.astype(np.int64))
+        want = sum(
+            np.concatenate([base.reshape(-1) * (q + 1) for q in range(p)]) + q for q in range(p)
+        )
+        n = base.size
+        if out.shape != shape or not np.array_equal(out.reshape(-1), want[r * n : (r + 1) * n]):
+            bad.append(f"reduce_scatter of shape {shape}: {out!r}")
     # a sub-group with a slot region takes the lane too
     x = np.full(3, r + 1, np.int64)
     before = len(submitted)

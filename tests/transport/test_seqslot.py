@@ -125,6 +125,18 @@ def _worker() -> list[str]:
         slots.all_reduce(x)
         if not np.array_equal(x, np.full(3, p * (p + 1) // 2)):
             bad.append("repeated all_reduce")
+    # a large direct algorithm's rounds sync on the slots' barrier, on their own policy:
+    # their long waits (a peer copying a whole chunk) never teach the small path's budgets
+    world = world_slots()
+    small_waits = world.policy.waits
+    big = [_inp(q, 64 << 10, np.float32, 1) for q in range(p)]
+    for _ in range(3):
+        x = big[r].copy()
+        un.all_reduce(x)
+        if not np.array_equal(x, reduce_oracle(big, ReduceOp.SUM)):
+            bad.append("large all_reduce over the slot-synced rounds")
+    if world.policy.waits != small_waits:
+        bad.append("a large algorithm's round waits taught the small collectives' policy")
     # ranks that disagree get a typed error on every rank, then the slots still work
     try:
         slots.all_reduce(np.ones(2 + r, np.float32))

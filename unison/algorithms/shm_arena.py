@@ -48,7 +48,8 @@ _EMPTY = np.empty(0, np.uint8)
 #: what every direct shared-memory algorithm needs (its ``NEEDS``, for UNISON_ALGO errors)
 SHM_NEEDS = (
     "every rank on one host with shared memory (not UNISON_TRANSPORT=tcp, not across "
-    "hosts) and the world group (sub-groups cannot use the shared slots)"
+    "hosts) and the world group or a sub-group with its own arena (ids below "
+    "UNISON_GROUP_SLOTS, UNISON_GROUP_ARENA_BYTES > 0)"
 )
 #: bytes at the end of every slot for its header words (outside both halves)
 HEAD_BYTES = 128

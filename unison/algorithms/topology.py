@@ -22,8 +22,9 @@ __all__ = ["Topology"]
 @dataclass(frozen=True, eq=False)  # identity hash: the selector caches per topology
 class Topology:
     """``link``: the cost model; ``shared``: the group may use the shared-memory slots
-    (every rank on one host, and the group is the world: its operations run one at a
-    time in the same order on every rank); ``arena``: those slots, where mapped;
+    (every rank on one host, and the group runs its operations one at a time in the same
+    order on every rank: the world, or a sub-group with its own slot region and arena);
+    ``arena``: those slots, where mapped;
     ``hosts``: the group's ranks by host, hosts in order of their lowest rank."""
 
     link: Link

@@ -30,28 +30,37 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from .._types import ReduceOp
-from ..buffers import DType, Kernel, finalize_average, from_numpy, kernel
+from ..buffers import DType, finalize_average, from_numpy, kernel
 from ..errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError
 from . import futex
 from .wait_policy import WaitPolicy
 
-__all__ = ["SeqSlots", "SlotWatch", "region_bytes"]
+__all__ = ["Plan", "SeqSlots", "SlotWatch", "region_bytes"]
 
 _HEAD = 64
 _HALF_HEAD = 16
 _MASK = 0xFFFFFFFF
 _SLEEP_S = 0.005  # a sleeping waiter re-checks this often (bounds a lost wake-up)
+# publish seq, then read sleepers: a store-load fence (an uncontended lock's acquire on
+# x86-64; the futex call fences the waiter's side; _SLEEP_S bounds a miss elsewhere)
+_FENCE = threading.Lock()
+_fence_in, _fence_out = _FENCE.acquire, _FENCE.release
 _CHECK_S = 0.001  # a waiter looks for failures elsewhere and its deadline this often
 
 _ALL_REDUCE, _BROADCAST, _ALL_GATHER, _REDUCE_SCATTER, _BARRIER = range(5)
 _NAMES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
+
+
+#: what finishes a call once every peer arrived: (every rank's views, the caller's output)
+_Finish = Callable[[list[np.ndarray], Any], None]
 
 
 def region_bytes(slot_bytes: int) -> int:
@@ -77,6 +86,24 @@ class SlotWatch(Protocol):
 
 def _sig(kind: int, op: int, dtype: int, nbytes: int, root: int) -> int:
     return (kind << 56) | (op << 48) | (dtype << 40) | (root << 32) | (nbytes & _MASK)
+
+
+class Plan:
+    """One call signature on these slots, worked out once and run many times
+    (:meth:`SeqSlots.plan`, :meth:`SeqSlots.run`): the signature word, this rank's
+    write targets and the views the result is read from, per half, and what finishes
+    the call (reduce, gather or copy out; None: nothing)."""
+
+    __slots__ = ("finish", "mine", "sig", "srcs")
+
+    def __init__(
+        self,
+        sig: int,
+        mine: tuple[np.ndarray, np.ndarray] | None,
+        srcs: tuple[list[np.ndarray], list[np.ndarray]],
+        finish: _Finish | None,
+    ) -> None:
+        self.sig, self.mine, self.srcs, self.finish = sig, mine, srcs, finish
 
 
 class SeqSlots:
@@ -115,14 +142,23 @@ class SeqSlots:
                 cores = os.cpu_count() or 1
             oversubscribed = self.size > cores
         self.policy = WaitPolicy(oversubscribed)
+        #: the waits of the large direct algorithms' round barriers (:meth:`barrier` with
+        #: ``rounds``): a peer there is copying a whole chunk, so their waits are long and
+        #: would teach :attr:`policy` (the small collectives') the wrong budgets
+        self.round_policy = WaitPolicy(oversubscribed)
         self.peers = [q for q in range(self.size) if q != rank]
+        # what every call touches, looked up once
+        self._my_seq, self._my_sleepers = self._seq[rank], self._sleepers[rank]
+        self._my_addr, self._my_heads = self._addr[rank], self._heads[rank]
+        self._peer_seqs = [self._seq[q] for q in self.peers]
+        self._peer_seq_items = [(q, self._seq[q]) for q in self.peers]
+        self._peer_heads = [[(q, self._heads[q][h]) for q in self.peers] for h in (0, 1)]
         #: set by the caller for the calls that follow (None: this module's own errors)
         self.watch: SlotWatch | None = None
         #: set by the caller when peers are known to be busy for a while (a round of a
         #: large direct algorithm): the wait sleeps on the futex at once
         self.patient = False
-        self._kernels: dict[tuple[ReduceOp, DType], Kernel] = {}
-        self._views: dict[tuple[int, int, int, np.dtype], list[np.ndarray]] = {}
+        self._plans: dict[tuple[object, ...], Plan] = {}
 
     # --- the one primitive ------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
@@ -132,81 +168,156 @@ class SeqSlots:
         off = _HEAD + h * self._half + _HALF_HEAD
         return self._bytes[q][off : off + nbytes]
 
-    def views(self, h: int, off: int, count: int, dtype: np.dtype) -> list[np.ndarray]:
+    def _views(
+        self, h: int, off: int, count: int, dtype: np.dtype, shape: tuple[int, ...]
+    ) -> list[np.ndarray]:
         """Every rank's payload in half ``h`` from byte ``off``: ``count`` elements of
-        ``dtype`` (views into the shared regions, made once per shape)."""
-        key = (h, off, count, dtype)
-        srcs = self._views.get(key)
-        if srcs is None:
-            if len(self._views) > 256:
-                self._views.clear()
-            nb = count * dtype.itemsize
-            if off + nb > self.slot_bytes:
-                raise InvalidArgumentError(
-                    f"{off + nb} bytes do not fit a {self.slot_bytes}-byte slot"
-                )
-            srcs = self._views[key] = [
-                self._payload(q, h, off + nb)[off:].view(dtype) for q in range(self.size)
-            ]
-        return srcs
+        ``dtype`` in ``shape`` (views into the shared regions)."""
+        nb = count * dtype.itemsize
+        if off + nb > self.slot_bytes:
+            raise InvalidArgumentError(f"{off + nb} bytes do not fit a {self.slot_bytes}-byte slot")
+        return [
+            self._payload(q, h, off + nb)[off:].view(dtype).reshape(shape) for q in range(self.size)
+        ]
+
+    def _reducer(self, op: ReduceOp, dt: DType) -> _Finish:
+        """``out`` = every rank's block reduced in rank order (the same bytes everywhere)."""
+        kern, size = kernel(op, dt), self.size
+        if size == 1:
+
+            def one(srcs: list[np.ndarray], out: np.ndarray) -> None:
+                out[...] = srcs[0]
+
+            return one
+        if size == 2 and op is not ReduceOp.AVG:
+
+            def two(srcs: list[np.ndarray], out: np.ndarray) -> None:
+                kern(srcs[0], srcs[1], out)
+
+            return two
+
+        def many(srcs: list[np.ndarray], out: np.ndarray) -> None:
+            kern(srcs[0], srcs[1], out)
+            for s in srcs[2:]:
+                kern(out, s, out)
+            if op is ReduceOp.AVG:
+                finalize_average(out.reshape(-1), dt, size)
+
+        return many
+
+    def plan(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        dt: DType,
+        op: ReduceOp = ReduceOp.SUM,
+        root: int = 0,
+        gather_list: bool = False,
+    ) -> Plan:
+        """The :class:`Plan` of one call signature (made once, then cached): ``name`` the
+        collective (all_reduce, broadcast, all_gather, reduce_scatter, barrier), ``shape`` and
+        ``dtype`` are the caller's buffer's (all_reduce, broadcast: the data; all_gather:
+        the input; reduce_scatter: the output), ``dt`` what it holds."""
+        key = (name, shape, dtype, dt, op, root, gather_list)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        kind = _NAMES.index(name)
+        count = 1
+        for n in shape:
+            count *= n
+        nbytes = count * dtype.itemsize
+        me, halves = self.rank, (0, 1)
+        flat = (count,)
+        finish: _Finish | None = None
+        if kind == _REDUCE_SCATTER:
+            total = (count * self.size,)
+            mine = tuple(self._views(h, 0, count * self.size, dtype, total)[me] for h in halves)
+            srcs = tuple(self._views(h, me * nbytes, count, dtype, shape) for h in halves)
+            finish = self._reducer(op, dt)
+            sig = _sig(kind, op, dt, nbytes * self.size, 0)
+        else:
+            srcs = tuple(
+                self._views(h, 0, count, dtype, flat if kind == _ALL_GATHER else shape)
+                for h in halves
+            )
+            mine = tuple(self._views(h, 0, count, dtype, shape)[me] for h in halves)
+            if kind == _ALL_REDUCE:
+                finish = self._reducer(op, dt)
+            elif kind == _BROADCAST:
+                if me != root:
+                    mine = None
+                    finish = _copy_from(root)
+            elif kind == _ALL_GATHER:
+                finish = _gather_list if gather_list else _gather
+            else:
+                mine = None
+            sig = _sig(
+                kind, op if kind == _ALL_REDUCE else 0, dt if kind != _BARRIER else 0, nbytes, root
+            )
+        plan = Plan(sig, mine, srcs, finish)  # type: ignore[arg-type]
+        if len(self._plans) > 256:
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
+
+    def run(
+        self,
+        plan: Plan,
+        inp: np.ndarray | Sequence[np.ndarray] | None,
+        out: object,
+        timeout: float,
+        key: int,
+        policy: WaitPolicy | None = None,
+    ) -> None:
+        """One call of ``plan``: publish ``inp`` (an array of the plan's shape, or blocks
+        laid end to end; ignored where this rank contributes nothing: a broadcast's
+        receivers, a barrier), wait for every peer, finish into ``out``."""
+        k = (self._k + 1) & _MASK
+        h = k & 1
+        mine = plan.mine
+        if mine is not None:  # this rank contributes bytes
+            if type(inp) is np.ndarray:
+                mine[h][...] = inp
+            else:
+                self._write(h, inp)  # type: ignore[arg-type]
+        self._sync(k, h, plan.sig, timeout, key, policy or self.policy)
+        finish = plan.finish
+        if finish is not None:
+            finish(plan.srcs[h], out)
 
     def _write(self, h: int, data: np.ndarray | Sequence[np.ndarray]) -> None:
-        """This rank's bytes into its half ``h``: one array or blocks laid end to end."""
-        me = self.rank
+        """This rank's bytes into its half ``h``: blocks laid end to end."""
         if isinstance(data, np.ndarray):
-            if data.nbytes > self.slot_bytes:
-                raise InvalidArgumentError(
-                    f"{data.nbytes} bytes do not fit a {self.slot_bytes}-byte slot"
-                )
-            if data.nbytes:
-                self._payload(me, h, data.nbytes)[:] = data.reshape(-1).view(np.uint8)
-            return
+            data = [data]
         total = sum(int(b.nbytes) for b in data)
         if total > self.slot_bytes:
             raise InvalidArgumentError(f"{total} bytes do not fit a {self.slot_bytes}-byte slot")
-        dst = self._payload(me, h, total)
+        dst = self._payload(self.rank, h, total)
         at = 0
         for b in data:
             dst[at : at + b.nbytes] = b.reshape(-1).view(np.uint8)
             at += b.nbytes
 
-    def _exchange(
-        self,
-        data: np.ndarray | Sequence[np.ndarray] | None,
-        sig: int,
-        timeout: float,
-        key: int = 0,
-    ) -> int:
-        """Publish ``data`` (this rank's bytes: one array or blocks laid end to end) with
-        ``sig`` and the caller's signature word ``key``; wait for every peer; both words
-        must agree; returns the half used."""
-        k = (self._k + 1) & _MASK
-        h = k & 1
-        if data is not None:
-            self._write(h, data)
-        self._sync(k, h, sig, timeout, key)
-        return h
-
-    def _sync(self, k: int, h: int, sig: int, timeout: float, key: int) -> None:
+    def _sync(self, k: int, h: int, sig: int, timeout: float, key: int, policy: WaitPolicy) -> None:
         """Publish call ``k`` (this rank's payload already in half ``h``), wait for every
         peer to publish it too, and compare every peer's signature words with ours."""
-        me = self.rank
-        head = self._heads[me][h]
+        head = self._my_heads[h]
         head[0] = sig
         head[1] = key
-        self._seq[me].value = k
-        if self._sleepers[me].value:
-            self._sleepers[me].value = 0
-            futex.wake(self._addr[me], 1 << 20)
-        seqs = self._seq
-        for q in self.peers:
-            if (seqs[q].value - k) & _MASK > 1:
-                self._wait(k, sig, timeout)
+        self._my_seq.value = k
+        _fence_in()
+        _fence_out()
+        if self._my_sleepers.value:
+            self._my_sleepers.value = 0
+            futex.wake(self._my_addr, 1 << 20)
+        for seq in self._peer_seqs:
+            if (seq.value - k) & _MASK > 1:
+                self._wait(k, sig, timeout, policy)
                 break
         self._k = k
-        heads = self._heads
-        for q in self.peers:
-            theirs = heads[q][h]
+        for q, theirs in self._peer_heads[h]:
             if theirs[0] != sig or theirs[1] != key:
                 self._disagree(q, theirs[0], theirs[1], sig, key)
 
@@ -226,12 +337,11 @@ class SeqSlots:
     def _arrived(self, q: int, k: int) -> bool:
         return ((self._seq[q].value - k) & _MASK) <= 1
 
-    def _wait(self, k: int, sig: int, timeout: float) -> None:
+    def _wait(self, k: int, sig: int, timeout: float, policy: WaitPolicy) -> None:
         """Until every peer published ``k``: spin, yield, then sleep; deadline-bound.
 
-        Only waits that had to wait get here (and teach the policy): a call whose
+        Only waits that had to wait get here (and teach ``policy``): a call whose
         peers had all arrived returns from :meth:`_sync` without reading the clock."""
-        policy = self.policy
         start = now = time.monotonic()
         deadline = start + timeout
         if self.patient:  # the caller expects a long wait: sleep at once, learn nothing
@@ -242,8 +352,7 @@ class SeqSlots:
         check_at = start + _CHECK_S
         yields = policy.yields
         blocked = False
-        for q in self.peers:  # all must arrive: wait for each in turn
-            seq = self._seq[q]
+        for q, seq in self._peer_seq_items:  # all must arrive: wait for each in turn
             n = 0
             while (seq.value - k) & _MASK > 1:
                 n += 1
@@ -297,25 +406,13 @@ class SeqSlots:
         return f"{what} of {sig & _MASK} bytes (root {(sig >> 32) & 0xFF})"
 
     # --- collectives (blocking, in place where the API is) -----------------------------------
-    def _dtype(self, arr: np.ndarray) -> DType:
+    def _dtype(self, arr: np.ndarray, dtype: DType | None) -> DType:
+        if dtype is not None:
+            return dtype
         dt = from_numpy(arr.dtype)
         if dt is None or not arr.flags.c_contiguous:
             raise InvalidArgumentError(f"unsupported buffer {arr.dtype} (contiguous numpy)")
         return dt
-
-    def _combine(self, srcs: list[np.ndarray], op: ReduceOp, dt: DType, out: np.ndarray) -> None:
-        """``out`` = every rank's block reduced in rank order (the same bytes on every rank)."""
-        kern = self._kernels.get((op, dt))
-        if kern is None:
-            kern = self._kernels[(op, dt)] = kernel(op, dt)
-        if self.size == 1:
-            out[:] = srcs[0]
-        else:
-            kern(srcs[0], srcs[1], out)
-            for s in srcs[2:]:
-                kern(out, s, out)
-        if op is ReduceOp.AVG:
-            finalize_average(out, dt, self.size)
 
     def all_reduce(
         self,
@@ -326,14 +423,9 @@ class SeqSlots:
         dtype: DType | None = None,
     ) -> None:
         """``dtype``: what ``arr``'s storage holds (e.g. bfloat16 in uint16), if not its own."""
-        dt = dtype or self._dtype(arr)
-        flat = arr.reshape(-1)
-        k = (self._k + 1) & _MASK
-        h = k & 1
-        srcs = self.views(h, 0, flat.size, flat.dtype)
-        srcs[self.rank][:] = flat
-        self._sync(k, h, _sig(_ALL_REDUCE, op, dt, flat.nbytes, 0), timeout, key)
-        self._combine(srcs, op, dt, flat)
+        dt = self._dtype(arr, dtype)
+        plan = self.plan("all_reduce", arr.shape, arr.dtype, dt, op)
+        self.run(plan, arr, arr, timeout, key)
 
     def broadcast(
         self,
@@ -343,16 +435,9 @@ class SeqSlots:
         key: int = 0,
         dtype: DType | None = None,
     ) -> None:
-        dt = dtype or self._dtype(arr)
-        flat = arr.reshape(-1)
-        k = (self._k + 1) & _MASK
-        h = k & 1
-        srcs = self.views(h, 0, flat.size, flat.dtype)
-        if self.rank == root:
-            srcs[root][:] = flat
-        self._sync(k, h, _sig(_BROADCAST, 0, dt, flat.nbytes, root), timeout, key)
-        if self.rank != root:
-            flat[:] = srcs[root]
+        dt = self._dtype(arr, dtype)
+        plan = self.plan("broadcast", arr.shape, arr.dtype, dt, root=root)
+        self.run(plan, arr, arr, timeout, key)
 
     def all_gather(
         self,
@@ -363,21 +448,14 @@ class SeqSlots:
         dtype: DType | None = None,
     ) -> None:
         """``out``: one array of size × input elements, or one block per rank."""
-        dt = dtype or self._dtype(inp)
-        flat = inp.reshape(-1)
-        if isinstance(out, np.ndarray):
-            if out.size != inp.size * self.size or out.dtype != inp.dtype:
-                raise InvalidArgumentError("all_gather: output must hold size × input elements")
-        k = (self._k + 1) & _MASK
-        h = k & 1
-        srcs = self.views(h, 0, flat.size, flat.dtype)
-        srcs[self.rank][:] = flat
-        self._sync(k, h, _sig(_ALL_GATHER, 0, dt, flat.nbytes, 0), timeout, key)
-        if isinstance(out, np.ndarray):
-            np.concatenate(srcs, out=out.reshape(-1))
-        else:
-            for q in range(self.size):
-                out[q].reshape(-1)[:] = srcs[q]
+        dt = self._dtype(inp, dtype)
+        many = not isinstance(out, np.ndarray)
+        if isinstance(out, np.ndarray) and (
+            out.size != inp.size * self.size or out.dtype != inp.dtype
+        ):
+            raise InvalidArgumentError("all_gather: output must hold size × input elements")
+        plan = self.plan("all_gather", inp.shape, inp.dtype, dt, gather_list=many)
+        self.run(plan, inp, out, timeout, key)
 
     def reduce_scatter(
         self,
@@ -389,20 +467,34 @@ class SeqSlots:
         dtype: DType | None = None,
     ) -> None:
         """``inp``: one array of size × output elements, or one block per rank."""
-        dt = dtype or self._dtype(out)
-        if isinstance(inp, np.ndarray) and (
-            inp.size != out.size * self.size or out.dtype != inp.dtype
-        ):
-            raise InvalidArgumentError("reduce_scatter: input must hold size × output elements")
-        flat = out.reshape(-1)
-        sig = _sig(_REDUCE_SCATTER, op, dt, flat.nbytes * self.size, 0)
-        k = (self._k + 1) & _MASK
-        h = k & 1
-        self._write(h, inp)
-        self._sync(k, h, sig, timeout, key)
-        srcs = self.views(h, self.rank * flat.nbytes, flat.size, flat.dtype)
-        self._combine(srcs, op, dt, flat)
+        dt = self._dtype(out, dtype)
+        if isinstance(inp, np.ndarray):
+            if inp.size != out.size * self.size or out.dtype != inp.dtype:
+                raise InvalidArgumentError("reduce_scatter: input must hold size × output elements")
+            inp = inp.reshape(-1)
+        plan = self.plan("reduce_scatter", out.shape, out.dtype, dt, op)
+        self.run(plan, inp, out, timeout, key)
 
-    def barrier(self, timeout: float = 300.0, key: int = 0) -> None:
-        k = (self._k + 1) & _MASK
-        self._sync(k, k & 1, _sig(_BARRIER, 0, 0, 0, 0), timeout, key)
+    def barrier(self, timeout: float = 300.0, key: int = 0, rounds: bool = False) -> None:
+        """``rounds``: a large algorithm's round barrier (waits on :attr:`round_policy`)."""
+        plan = self.plan("barrier", (0,), _U8, DType.UINT8)
+        self.run(plan, None, None, timeout, key, self.round_policy if rounds else None)
+
+
+_U8 = np.dtype(np.uint8)
+
+
+def _copy_from(root: int) -> _Finish:
+    def copy(srcs: list[np.ndarray], out: np.ndarray) -> None:
+        out[...] = srcs[root]
+
+    return copy
+
+
+def _gather(srcs: list[np.ndarray], out: np.ndarray) -> None:
+    np.concatenate(srcs, out=out.reshape(-1))
+
+
+def _gather_list(srcs: list[np.ndarray], outs: Sequence[np.ndarray]) -> None:
+    for q, src in enumerate(srcs):
+        outs[q].reshape(-1)[...] = src

@@ -59,6 +59,7 @@ RING_BYTES = 1 << 19
 _FABRIC_GROUP = 0xFFFFFFFF  # group id of the fabric's own set-up messages
 _HELLO, _ACK, _SUMMARY = 1, 2, 3
 _MSG = 2048
+_GARENA_MIN = 4096  # a sub-group arena smaller than this is not worth its rounds
 
 
 class Fabric:
@@ -77,6 +78,9 @@ class Fabric:
         self._segs: list[Segment] = []
         self._slots: dict[int, memoryview] = {}
         self._small: dict[int, memoryview] = {}  # rank -> its small-message slot region
+        #: rank -> its sub-groups' arena regions (one per sub-group id 1 .. group_slots - 1)
+        self._garena: dict[int, memoryview] = {}
+        self._group_arenas: list[Arena] = []
         #: the world's small-message slots (every rank on this host, shared memory)
         self.seqslots: SeqSlots | None = None
         self.host_of: dict[int, str] = {}  # rank -> host identity (hierarchical algorithms)
@@ -154,8 +158,19 @@ class Fabric:
         # small-message slot regions per rank: one for the world (group 0) and one for each of
         # the first sub-groups (ids 1 .. group_slots - 1); later groups take the general path
         small_len = region_bytes(small) * self.config.group_slots if small > 0 else 0
-        layout = plan(local, RING_BYTES, small_off + small_len)
-        if want:
+        # after them, the sub-groups' arenas (their rounds sync on the sub-group's slots)
+        garena_off = small_off + (small_len + 63) // 64 * 64
+        garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
+        layout = plan(local, RING_BYTES, garena_off + garena_len)
+        if want and garena_len:  # a small /dev/shm: no sub-group arenas rather than no shm
+            try:
+                seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size)
+                self._segs.append(seg)
+            except OSError as exc:
+                log.info("no room for the sub-group arenas (%s); trying without", exc)
+                garena_len = 0  # the peers see it in the hello: none of them use one
+                layout = plan(local, RING_BYTES, garena_off)
+        if want and seg is None:
             try:
                 seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size)
                 self._segs.append(seg)
@@ -172,6 +187,7 @@ class Fabric:
                     ring=layout.rings,
                     slot=layout.slot_offset,
                     small=small_len,
+                    garena=garena_len,
                     token=self._token.tobytes().hex(),
                     token_addr=self._token.ctypes.data,
                 )
@@ -220,6 +236,11 @@ class Fabric:
             for p in shared:
                 off = int(str(theirs[p]["slot"])) + small_off
                 self._small[p] = mapped[p].view(off, small_len)
+        if garena_len and all(int(str(theirs[p].get("garena", 0))) == garena_len for p in shared):
+            self._garena = {self.rank: seg.view(layout.slot_offset + garena_off, garena_len)}
+            for p in shared:
+                off = int(str(theirs[p]["slot"])) + garena_off
+                self._garena[p] = mapped[p].view(off, garena_len)
         return shared
 
     def _agree(self, peers: list[int], mine: bool, deadline: float) -> None:
@@ -270,6 +291,30 @@ class Fabric:
             world.slot_bytes,
             oversubscribed=world.policy.oversubscribed,  # the host's ranks, not the group's
         )
+
+    def _garena_bytes(self) -> int:
+        """Bytes of one sub-group's arena per rank (0: none; too small to hold a round)."""
+        n = self.config.group_arena_bytes // 64 * 64
+        return n if n >= _GARENA_MIN else 0
+
+    def group_arena(self, gid: int, ranks: Sequence[int]) -> Arena | None:
+        """The shared arena of sub-group ``gid`` (global ``ranks``, sorted) for a member,
+        or None: the same answer on every member (the job shares one host, every rank
+        mapped the same sub-group regions, the id has a slot region)."""
+        nb = self._garena_bytes()
+        if (
+            gid <= 0
+            or gid >= self.config.group_slots
+            or self.arena is None
+            or not nb
+            or self.rank not in ranks
+            or any(r not in self._garena for r in ranks)
+        ):
+            return None
+        off = (gid - 1) * nb
+        arena = Arena(self.rank, {r: self._garena[r][off : off + nb] for r in ranks}, nb)
+        self._group_arenas.append(arena)
+        return arena
 
     def link(self) -> Link:
         """The cost model's link, identical on every rank (agreed in :meth:`finish`)."""
@@ -329,6 +374,11 @@ class Fabric:
             self.arena = None
         self.seqslots = None
         self._small.clear()
+        for ga in self._group_arenas:
+            ga.sync_hook = None
+            ga.release()
+        self._group_arenas.clear()
+        self._garena.clear()
         for seg in self._segs:
             seg.unlink()
 

@@ -39,15 +39,22 @@ from .small import _key, _Watch
 
 if TYPE_CHECKING:
     from ...transport.framing import OpSig
+    from ...transport.seqslot import Plan as SlotPlan
     from ...transport.seqslot import SeqSlots
     from .executor import Executor
     from .runtime import Runtime
 
 __all__ = ["Lane"]
 
-#: a cached call signature: (opcode, OpSig, slot key word, buffer DType, reduce op,
-#: root as a group rank)
-_Plan = tuple[OpCode, "OpSig", int, DType, ReduceOp, int]
+#: a cached call signature: (opcode, OpSig, slot key word, the slots' plan)
+_Plan = tuple[OpCode, "OpSig", int, "SlotPlan"]
+_NAME = {
+    OpCode.ALL_REDUCE: "all_reduce",
+    OpCode.BROADCAST: "broadcast",
+    OpCode.ALL_GATHER: "all_gather",
+    OpCode.REDUCE_SCATTER: "reduce_scatter",
+    OpCode.BARRIER: "barrier",
+}
 
 
 class _LaneWatch:
@@ -135,7 +142,10 @@ class Lane:
         redop: Any = None,
         root: int = -1,
         dtype: DType | None = None,
+        shape: tuple[int, ...] | None = None,
+        gather_list: bool = False,
     ) -> _Plan | None:
+        """``arr``: the buffer whose shape the slots' plan takes (``shape`` if given)."""
         dt = dtype or from_numpy(arr.dtype)
         if dt is None or nbytes > self.limit:
             return None
@@ -147,8 +157,17 @@ class Lane:
             except (ValueError, TypeError, UnisonError):
                 return None  # the general path raises the argument error
         sig = self.ex.sig(op, dt, arr.size, redop=int(rop) if redop is not None else 0, root=root)
-        local = self.ex.ranks.index(root) if root >= 0 else -1
-        return (op, sig, _key(sig), dt, rop, local)
+        local = self.ex.ranks.index(root) if root >= 0 else 0
+        slot = self.slots.plan(
+            _NAME[op],
+            arr.shape if shape is None else shape,
+            arr.dtype,
+            dt,
+            rop,
+            local,
+            gather_list,
+        )
+        return (op, sig, _key(sig), slot)
 
     def _plan_for(self, key: tuple[Any, ...], make: Callable[[], _Plan | None]) -> _Plan | None:
         plans = self._plans
@@ -222,10 +241,10 @@ class Lane:
 
     # --- the collectives ---------------------------------------------------------------------
     def all_reduce(self, arr: np.ndarray, op: Any) -> bool:
-        plan = self._plans.get((0, arr.dtype, arr.size, op))
+        plan = self._plans.get((0, arr.dtype, arr.shape, op))
         if plan is None:
             plan = self._plan_for(
-                (0, arr.dtype, arr.size, op),
+                (0, arr.dtype, arr.shape, op),
                 lambda: self._make(OpCode.ALL_REDUCE, arr, arr.nbytes, op),
             )
             if plan is None:
@@ -234,7 +253,7 @@ class Lane:
         if not (flags.c_contiguous and flags.writeable) or not self._begin(plan):
             return False
         try:
-            self.slots.all_reduce(arr, plan[4], self.timeout, plan[2], plan[3])
+            self.slots.run(plan[3], arr, arr, self.timeout, plan[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
@@ -255,7 +274,7 @@ class Lane:
         if not self._begin(plan):
             return False
         try:
-            self.slots.all_reduce(arr, plan[4], self.timeout, plan[2], plan[3])
+            self.slots.run(plan[3], arr, arr, self.timeout, plan[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
@@ -263,12 +282,12 @@ class Lane:
         return True
 
     def broadcast(self, arr: np.ndarray, src: Any) -> bool:
-        plan = self._plans.get((1, arr.dtype, arr.size, src))
+        plan = self._plans.get((1, arr.dtype, arr.shape, src))
         if plan is None:
             if src not in self.ex.ranks:  # the caller passed an int (bool is not a rank)
                 return False
             plan = self._plan_for(
-                (1, arr.dtype, arr.size, src),
+                (1, arr.dtype, arr.shape, src),
                 lambda: self._make(OpCode.BROADCAST, arr, arr.nbytes, root=src),
             )
             if plan is None:
@@ -277,7 +296,7 @@ class Lane:
         if not (flags.c_contiguous and flags.writeable) or not self._begin(plan):
             return False
         try:
-            self.slots.broadcast(arr, plan[5], self.timeout, plan[2], plan[3])
+            self.slots.run(plan[3], arr, arr, self.timeout, plan[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
@@ -286,12 +305,12 @@ class Lane:
 
     def all_gather(self, out: np.ndarray, inp: np.ndarray) -> bool:
         """``out``: one array of group size × ``inp`` elements (all_gather_into_tensor)."""
-        plan = self._plans.get((2, inp.dtype, inp.size, out.dtype, out.size))
+        plan = self._plans.get((2, inp.dtype, inp.shape, out.dtype, out.size))
         if plan is None:
             if out.dtype != inp.dtype or out.size != inp.size * self.ex.size:
                 return False
             plan = self._plan_for(
-                (2, inp.dtype, inp.size, out.dtype, out.size),
+                (2, inp.dtype, inp.shape, out.dtype, out.size),
                 lambda: self._make(OpCode.ALL_GATHER, inp, inp.nbytes),
             )
             if plan is None:
@@ -302,7 +321,7 @@ class Lane:
         ) or not self._begin(plan):
             return False
         try:
-            self.slots.all_gather(inp, out, self.timeout, plan[2], plan[3])
+            self.slots.run(plan[3], inp, out, self.timeout, plan[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
@@ -311,12 +330,12 @@ class Lane:
 
     def reduce_scatter(self, out: np.ndarray, inp: np.ndarray, op: Any) -> bool:
         """``inp``: one array of group size × ``out`` elements (reduce_scatter_tensor)."""
-        plan = self._plans.get((3, out.dtype, out.size, inp.dtype, inp.size, op))
+        plan = self._plans.get((3, out.dtype, out.shape, inp.dtype, inp.size, op))
         if plan is None:
             if out.dtype != inp.dtype or inp.size != out.size * self.ex.size:
                 return False
             plan = self._plan_for(
-                (3, out.dtype, out.size, inp.dtype, inp.size, op),
+                (3, out.dtype, out.shape, inp.dtype, inp.size, op),
                 lambda: self._make(OpCode.REDUCE_SCATTER, out, inp.nbytes, op),
             )
             if plan is None:
@@ -327,7 +346,8 @@ class Lane:
         ) or not self._begin(plan):
             return False
         try:
-            self.slots.reduce_scatter(inp, out, plan[4], self.timeout, plan[2], plan[3])
+            flat = inp if inp.ndim == 1 else inp.reshape(-1)
+            self.slots.run(plan[3], flat, out, self.timeout, plan[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
@@ -342,14 +362,17 @@ class Lane:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plan_for(
-                key, lambda: self._make(OpCode.ALL_GATHER, inp, inp.nbytes, dtype=b.dtype)
+                key,
+                lambda: self._make(
+                    OpCode.ALL_GATHER, inp, inp.nbytes, dtype=b.dtype, gather_list=True
+                ),
             )
             if plan is None:
                 return False
         if not self._begin(plan):
             return False
         try:
-            self.slots.all_gather(inp, outs, self.timeout, plan[2])
+            self.slots.run(plan[3], inp, outs, self.timeout, plan[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
@@ -374,7 +397,7 @@ class Lane:
         if not self._begin(plan):
             return False
         try:
-            self.slots.reduce_scatter(ins, arr, plan[4], self.timeout, plan[2], plan[3])
+            self.slots.run(plan[3], ins, arr, self.timeout, plan[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
@@ -388,7 +411,7 @@ class Lane:
         if plan is None or not self._begin(plan):
             return False
         try:
-            self.slots.barrier(self.timeout, plan[2])
+            self.slots.run(plan[3], None, None, self.timeout, plan[2])
         except BaseException as exc:
             raise self._failed(exc) from None
         finally:
@@ -397,4 +420,5 @@ class Lane:
 
     def _barrier_plan(self) -> _Plan:
         sig = self.ex.sig(OpCode.BARRIER)
-        return (OpCode.BARRIER, sig, _key(sig), DType.UINT8, ReduceOp.SUM, -1)
+        slot = self.slots.plan("barrier", (0,), np.dtype(np.uint8), DType.UINT8)
+        return (OpCode.BARRIER, sig, _key(sig), slot)

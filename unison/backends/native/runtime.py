@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ...algorithms import Choice, Topology, choose
@@ -24,6 +25,7 @@ from ...errors import (
     PeerLostError,
 )
 from ...jobenv import FAILURE_KEY, JobInfo, failure_record
+from ...link import SharedLink
 from ...log import get_logger
 from ...store import FileStore, Store, TCPStore, TCPStoreServer
 from ...transport.base import Events, Key, PeerInfo
@@ -152,15 +154,23 @@ class Runtime:
         topo = self.executors[0 if group is None else group.id].topo
         return choose(coll, p, nbytes, topo, self.overrides)
 
-    def _topology(self, ranks: Sequence[int], world: bool) -> Topology:
-        """A group's topology, identical on every rank (from what the fabric agreed)."""
+    def _topology(self, gid: int, ranks: Sequence[int]) -> Topology:
+        """A group's topology, identical on every rank (from what the fabric agreed).
+
+        The world and the sub-groups with a slot region (``UNISON_GROUP_SLOTS``) get a
+        shared arena on one host (a sub-group's own, ``UNISON_GROUP_ARENA_BYTES`` per
+        rank, its rounds in its ``half``): their operations run one at a time, in the
+        same order on every member, so the direct shared-memory algorithms apply."""
         host_of = self.fabric.host_of
         by_host: dict[str, list[int]] = {}
         for g, r in enumerate(ranks):
             by_host.setdefault(host_of.get(r, ""), []).append(g)
-        arena = self.fabric.arena if world else None
         hosts = tuple(tuple(h) for h in by_host.values())
-        return Topology(self.link, shared=arena is not None, arena=arena, hosts=hosts)
+        link = self.link
+        arena = self.fabric.arena if gid == 0 else self.fabric.group_arena(gid, ranks)
+        if arena is not None and gid != 0 and isinstance(link, SharedLink):
+            link = replace(link, half=arena.half)  # the cost model's rounds are this arena's
+        return Topology(link, shared=arena is not None, arena=arena, hosts=hosts)
 
     # --- groups -------------------------------------------------------------------------------
     @property
@@ -183,8 +193,11 @@ class Runtime:
             if ex is not None:
                 return ex.group
             g = Group(gid, members, self.rank, self.config, self.backend)
-            ex = Executor(self, g, self._topology(g.ranks, world=gid == 0))
+            ex = Executor(self, g, self._topology(gid, g.ranks))
             ex.slots = self.fabric.group_slots(gid, g.ranks)
+            arena = ex.topo.arena
+            if gid != 0 and arena is not None and ex.slots is not None:
+                arena.sync_hook = arena_sync(self, ex.slots)  # rounds sync on its slots
             if ex.slots is not None and not self.overrides:
                 # forced algorithms run at every size: no slots for them (see small.py)
                 ex.lane = g.lane = Lane(self, ex, ex.slots)

@@ -174,7 +174,7 @@ def arena_sync(rt: Runtime, slots: SeqSlots) -> Callable[[OpContext, int], None]
             _nbytes(ctx.sig) > getattr(ctx.topo.link, "half", 0) > 0
         )
         try:
-            _watched(rt, slots, ctx, _key(ctx.sig), lambda t, k: slots.barrier(t, k))
+            _watched(rt, slots, ctx, _key(ctx.sig), lambda t, k: slots.barrier(t, k, True))
         finally:
             slots.patient = False
 
