@@ -139,15 +139,7 @@ def _cores() -> int:
 def _make_engine(ps: ProcessSet) -> None:
     members = ps._members()
     ctl = _un.new_group(members)
-    # The global set's data moves on the world group when hvd.init() started the runtime
-    # (nothing but this engine uses that group then): on one host only the world group has
-    # the shared-memory arena, so large fused all-reduces take the direct shared-memory
-    # algorithms instead of the ring over the transport's rings (about half the engine
-    # thread's CPU per training step, issue 11). Otherwise a group of its own, as before;
-    # made in either case, so the ids of the groups a script makes next do not change.
     data = _un.new_group(members)
-    if ps.process_set_id == 0 and _S.owns_runtime and len(members) == _un.size():
-        data = _un.get_world_group()
     if _un.rank() in members:
         assert _S.settings is not None
         tl = _S.timeline if ps.process_set_id == 0 and members.index(_un.rank()) == 0 else None
@@ -330,13 +322,7 @@ def cross_rank() -> int:
 def is_homogeneous() -> bool:
     """True when every host runs the same number of ranks."""
     _require()
-    if _un.size() == 1:
-        return True
-    # through the engine (the world group may be the global set's data group, which only
-    # the engine thread drives)
-    from .functions import allgather_object
-
-    counts = allgather_object(_un.local_size(), name="hvd.is_homogeneous")
+    counts = _un.all_gather_object(_un.local_size()) if _un.size() > 1 else [1]
     return len(set(counts)) == 1
 
 
