@@ -136,12 +136,26 @@ def main() -> None:
         o2.step()
 
     fns = {"hvd": hstep, "ddp-gloo": dstep, "compute": nstep}
+    if os.environ.get("AB_ALONE"):  # interleave the plan that packs big tensors too
+        from unison.torch import fusion
+
+        alone = fusion.ALONE_BYTES
+
+        def hstep_fused() -> None:
+            fusion.ALONE_BYTES = 1 << 62
+            try:
+                hstep()
+            finally:
+                fusion.ALONE_BYTES = alone
+
+        fns["hvd-packall"] = hstep_fused
     for f in fns.values():
         for _ in range(2):
             f()
     res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in fns}
     detail = []
     per_thread: dict[str, dict[str, float]] = {}
+    packs: dict[str, int] = {}
     for _ in range(iters):
         for k, f in fns.items():
             dist.barrier()
@@ -159,6 +173,10 @@ def main() -> None:
             for name, v in th1.items():
                 per_thread.setdefault(k, {}).setdefault(name, 0.0)
                 per_thread[k][name] += (v - th0.get(name, 0.0)) / iters
+            if k.startswith("hvd"):
+                packs[k] = packs.get(k, 0) + sum(
+                    1 for n, a, b, s in EVENTS if n == "wire" and s > (1 << 21) and s != 8388608
+                )
             if k == "hvd":
                 detail.append(
                     (marks["bw_end"] - t0, [(n, a - t0, b - a, s) for n, a, b, s in EVENTS])
@@ -171,6 +189,7 @@ def main() -> None:
                 f"cpu med {statistics.median(x[1] for x in v) * 1e3:.1f} ms; "
                 f"cs med {statistics.median(x[2] for x in v):.0f}"
             )
+        print("big tensors packed with others (fc1.weight fused), all steps:", packs)
         for k, d in per_thread.items():
             print(k, {n: round(v * 1e3, 1) for n, v in d.items() if v > 0})
         for bw, evs in detail[-3:]:
