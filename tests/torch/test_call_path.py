@@ -70,6 +70,38 @@ def _body() -> dict[str, Any]:
     got_g = hvd.grouped_allreduce(g, name="grp", op=hvd.Sum, prescale_factor=2.0)
     t = torch.full((4,), float(r + 1))
     hvd.allreduce_(t, name="inplace", op=hvd.Average, postscale_factor=3.0)
+    # a fused batch past the inline budget: the scaling rides on the copies into and out of
+    # the fusion buffer; bit for bit what scaling in place gives (computed here for every rank)
+    fused = []
+    for dt, pre, post in [
+        (torch.float32, 0.3, 1.7),
+        (torch.float64, 1.0, 0.1),
+        (torch.float32, 3.0, 1.0),
+    ]:
+
+        def inputs(q: int, dt: torch.dtype = dt) -> list[torch.Tensor]:
+            gen = torch.Generator().manual_seed(100 + q)
+            return [
+                torch.randn(300, generator=gen).to(dt),
+                torch.randn(4, 50, generator=gen).to(dt),
+            ]
+
+        x2 = eng.executor.collectives
+        outs = hvd.grouped_allreduce(
+            inputs(r),
+            name=f"fused.{dt}.{pre}",
+            op=hvd.Average,
+            prescale_factor=pre,
+            postscale_factor=post,
+        )
+        want = []
+        for j in range(2):
+            acc = inputs(0)[j].clone().mul_(pre)
+            for q in range(1, n):
+                acc.add_(inputs(q)[j].clone().mul_(pre))
+            want.append(acc.mul_(post / n))
+        exact = all(torch.equal(o, w) for o, w in zip(outs, want, strict=True))
+        fused.append((str(dt), exact, eng.executor.collectives - x2))
     x1 = eng.executor.collectives
     big = hvd.allreduce(torch.full((1000,), float(r)), name="big", op=hvd.Sum)
     return {
@@ -78,6 +110,7 @@ def _body() -> dict[str, Any]:
         "same": same,
         "grouped": [x.tolist() for x in got_g],
         "inplace": t.tolist(),
+        "fused": fused,
         "big": (big[0].item(), eng.executor.collectives - x1),
     }
 
@@ -98,6 +131,7 @@ def test_steady_state_small_allreduce_issues_no_data_collective() -> None:
         assert out["big"] == (float(sum(range(n))), 1)
         assert out["grouped"] == [[2.0 * 3] * 3, [[2.0 * 2] * 2] * 2]
         assert out["inplace"] == [1.5 * 3] * 4
+        assert [f[1:] for f in out["fused"]] == [(True, 1)] * 3, out["fused"]
         for dt, small, big, kept in out["same"]:
             assert small == big and kept, (dt, small, big)
     per_rank = [out["checks"] for out in res]
