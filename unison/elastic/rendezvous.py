@@ -23,8 +23,8 @@ __all__ = [
 
 LATEST_KEY = "elastic/latest"
 ROUND_KEY = "elastic/round/{n}"
-#: round N's peer rendezvous runs under this epoch in the store (the native runtime's
-#: ``(1 << 30) + elastic_round``), apart from the epochs of non-elastic re-inits
+#: round N's peer rendezvous runs under epoch ``EPOCH_BASE + N`` in the store (the native
+#: runtime and the ps join worlds use :func:`epoch_of`), apart from non-elastic re-inits
 EPOCH_BASE = 1 << 30
 
 

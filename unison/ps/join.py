@@ -34,6 +34,7 @@ from typing import Any
 from .. import config as C
 from ..bootstrap import CANCEL_KEY
 from ..config import Config
+from ..elastic.rendezvous import epoch_of
 from ..errors import InvalidArgumentError, MismatchError, StoreTimeoutError, UnsupportedError
 from ..jobenv import JobInfo, detect_job
 from ..log import get_logger
@@ -87,7 +88,7 @@ def cancel_join(store: Store, ticket: int, why: str) -> None:
     """Make the servers stop waiting for join ``ticket`` (its worker died before it
     connected); harmless once the worker has joined. The rendezvous key is the one the
     native runtime uses for elastic round ``JOIN_EPOCH + ticket``."""
-    store.set(CANCEL_KEY.format(epoch=(1 << 30) + JOIN_EPOCH + ticket), why.encode())
+    store.set(CANCEL_KEY.format(epoch=epoch_of(JOIN_EPOCH + ticket)), why.encode())
 
 
 def _job_of(world: Any) -> JobInfo:

@@ -17,6 +17,7 @@ from ...algorithms import Choice, Topology, choose
 from ...bootstrap import advertise_address, connect_mesh
 from ...comm.group import Group, check_members
 from ...config import Config
+from ...elastic.rendezvous import epoch_of
 from ...errors import (
     AbortedError,
     CommunicationError,
@@ -89,7 +90,7 @@ class Runtime:
             self.store = self._open_store()
             # an elastic round is its own rendezvous (ranks change between rounds)
             self.epoch = (
-                (1 << 30) + cfg.elastic_round
+                epoch_of(cfg.elastic_round)
                 if cfg.elastic_round >= 0
                 else self.store.add(f"unison/epoch/{self.rank}", 1)
             )
