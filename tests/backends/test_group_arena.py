@@ -87,7 +87,10 @@ def _worker() -> list[str]:
 
 
 def test_sub_group_arena_matches_oracle_and_general_path() -> None:
-    env = {"UNISON_TIMEOUT": "60"}
+    # whether the direct algorithms win at this size depends on the machine's measured
+    # round-sync cost (3 ranks on 2 cores: crowded); cheap syncs pinned make the choice
+    # the same on every machine, and this test is about the arena path, not the choice
+    env = {"UNISON_TIMEOUT": "60", "UNISON_SHM_SYNC": "1e-6", "UNISON_SHM_SYNC_CROWDED": "1e-6"}
     for bad in spawn(_worker, 3, timeout=120, env=env):
         assert bad == []
 
