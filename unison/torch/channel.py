@@ -177,7 +177,27 @@ class NegotiationChannel:
                 self._alive[peer] = irecv(self._alive_buf, peer, _TAG_ALIVE, self.group)
                 continue
             if peer in self._open and not self._stop.is_set():
-                self._on_error(peer, exc)
+                self._settle()  # its goodbye may have come just before it shut down
+                if peer in self._open:
+                    self._on_error(peer, exc)
+
+    def forget(self, peers: list[int]) -> None:
+        """Peers whose goodbye came another way (a gathered cycle's record): their
+        transport shutting down is no loss."""
+        with self._lock:
+            self._open.difference_update(peers)
+
+    def _settle(self) -> None:
+        """Take every message that has already arrived (not under the engine's lock)."""
+        while True:
+            work = self._work
+            if work is None or not work.is_completed():
+                return
+            try:
+                if not self._take(work):
+                    return
+            except (UnisonError, OSError, RuntimeError):
+                return
 
     def _take(self, work: Work, watcher: bool = False, late: bool = False) -> bool:
         """Parse and deliver the message ``work`` received, unless another thread has;

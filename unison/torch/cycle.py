@@ -132,6 +132,7 @@ def lane_gather(self: TorchEngine, mine: tuple[Any, ...], k: int, packed: bool) 
     if bye:
         with self._cv:
             self._gone.update(bye)
+        self.channel.forget([self.ranks[r] for r in bye])
     if p2p:
         msgs.update(self._gather(k, p2p))
     return msgs

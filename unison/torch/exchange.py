@@ -57,8 +57,8 @@ def gather(self: TorchEngine, k: int, want: list[int] | None = None) -> dict[int
             # wait on the posted receive in this thread (no hand-off); taken under
             # the lock: the missing messages have not been delivered, so they land there
             work = self.channel.posted()
-            if quiet:  # a slice without a message: is a peer lost?
-                self.channel.check_peers()
+        if quiet:  # a slice without a message: is a peer lost? (outside the engine's lock:
+            self.channel.check_peers()  # it may take messages that already arrived)
         before = len(got)
         # the first slice drives the transport (a prompt peer answers in microseconds);
         # after a quiet one the peer is slow: sleep, checking for a lost peer each slice
