@@ -208,7 +208,7 @@ class OpContext:
             except CommunicationError as exc:
                 if self._aborted is not None:  # the root cause beats its consequences
                     raise self._aborted from None
-                raise self._tag(exc) from None
+                raise self.named(exc) from None
             if not done:
                 raise self._timeout_error(req)
 
@@ -228,7 +228,10 @@ class OpContext:
             text, op=self.op.label, seq=self.seq, group=self.group_id, ranks=silent
         )
 
-    def _tag(self, exc: CommunicationError) -> CommunicationError:
+    def named(self, exc: CommunicationError) -> CommunicationError:
+        """``exc`` naming this operation: a failure learnt outside it (a lost peer, another
+        rank's abort) does not say which one it stopped. An error that names its operation
+        is returned as is; an abort relayed from another rank keeps its payload."""
         if exc.op is not None:
             return exc
         err = type(exc)(
@@ -237,7 +240,9 @@ class OpContext:
             seq=self.seq,
             group=self.group_id,
             ranks=exc.ranks,
+            remote=exc.remote,
         )
+        err.abort_payload = exc.abort_payload
         return err
 
     def _mismatch(self, req: Request, exc: MismatchError) -> MismatchError:

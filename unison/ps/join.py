@@ -112,7 +112,7 @@ def open_store(job: JobInfo, timeout: float) -> Store:
 def open_join_world(job: JobInfo, config: Config, ticket: int, rank: int, servers: int) -> Any:
     """World ``ticket`` of the servers (ranks ``0 .. servers-1``) and one joining worker
     (rank ``servers``); this process is ``rank``."""
-    from ..backends.native.runtime import Runtime
+    from ..backends.native import start_runtime
 
     mine = dataclasses.replace(
         job,
@@ -124,13 +124,7 @@ def open_join_world(job: JobInfo, config: Config, ticket: int, rank: int, server
         cross_size=None,
         host_store=False,
     )
-    rt = Runtime(mine, config.replace(elastic_round=JOIN_EPOCH + ticket))
-    try:
-        rt.start()
-    except BaseException:
-        rt.close()
-        raise
-    return rt
+    return start_runtime(mine, config.replace(elastic_round=JOIN_EPOCH + ticket))
 
 
 def publish_job(world: Any, servers: int, policy: Consistency, split_bytes: int) -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 
 from ...config import Config
-from ...jobenv import detect_job
+from ...jobenv import JobInfo, detect_job
 from ...log import set_rank
 from .backend import NativeBackend
 from .runtime import Runtime
 
-__all__ = ["NativeBackend", "Runtime", "open_runtime"]
+__all__ = ["NativeBackend", "Runtime", "open_runtime", "start_runtime"]
 
 
 def open_runtime(
@@ -38,6 +38,11 @@ def open_runtime(
         secret = bytes.fromhex(secret)
     job = detect_job(os.environ, rank=rank, size=size, store_addr=store_addr, secret=secret)
     set_rank(job.rank)
+    return start_runtime(job, config)
+
+
+def start_runtime(job: JobInfo, config: Config) -> Runtime:
+    """A started runtime for ``job``; one that fails to start is closed again."""
     rt = Runtime(job, config)
     try:
         rt.start()

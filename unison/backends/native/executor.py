@@ -30,25 +30,7 @@ if TYPE_CHECKING:
     from .lane import Lane
     from .runtime import Runtime
 
-__all__ = ["Executor", "named"]
-
-
-def named(ctx: OpContext, exc: CommunicationError) -> CommunicationError:
-    """``exc`` naming ``ctx``'s operation: a failure learnt outside the operation (a lost
-    peer, another rank's abort) does not say which one it stopped. An abort relayed from
-    another rank keeps its payload, so it is passed on unchanged."""
-    if exc.op is not None:
-        return exc
-    err = type(exc)(
-        f"{ctx.name}: {exc}",
-        op=ctx.op.label,
-        seq=ctx.seq,
-        group=ctx.group_id,
-        ranks=exc.ranks,
-        remote=exc.remote,
-    )
-    err.abort_payload = exc.abort_payload
-    return err
+__all__ = ["Executor"]
 
 
 class Executor:
@@ -132,7 +114,7 @@ class Executor:
             if op in ROOTED and cfg.check_mismatch and self.size > 1 and not ctx.all_pairs_checked:
                 Confirmation(ctx, self._check_context(ctx)).finish()
         except CommunicationError as exc:
-            err = named(ctx, exc)
+            err = ctx.named(exc)
             self.fail(ctx, err)
             work._finish(error=err)
         except BaseException as exc:

@@ -224,16 +224,7 @@ class Lane:
         peer (ABORT); returns the error to raise."""
         ctx = self.context()
         if isinstance(exc, CommunicationError):
-            err: BaseException = exc
-            if exc.op is None:  # name the operation, as the general path does
-                err = type(exc)(
-                    f"{ctx.name}: {exc}",
-                    op=ctx.op.label,
-                    seq=ctx.seq,
-                    group=ctx.group_id,
-                    ranks=exc.ranks,
-                )
-                err.abort_payload = exc.abort_payload  # news from a peer is relayed as is
+            err = ctx.named(exc)  # as the general path names it
             self.ex.fail(ctx, err)
             return err
         self.ex.fail(ctx, CommunicationError(f"{ctx.name} failed locally: {exc!r}"))
