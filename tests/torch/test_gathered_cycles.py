@@ -103,8 +103,13 @@ def _steady() -> dict[str, Any]:
         out["ps_lane"] = pe.counts["lane"]
     hvd.remove_process_set(ps)
     # leave in steady state: the global set's goodbye travels in a gathered cycle too
-    for _ in range(3):
+    # (a rank slowed by the machine can stall 'warm' for a while: the stall warnings' cycles
+    # are not steady, so go on until every rank agrees on the same count of calls)
+    for i in range(20):
         hvd.allreduce(torch.ones(1), name="warm", op=hvd.Sum)
+        done = i >= 2 and eng._lane_next
+        if hvd.allreduce(torch.tensor([float(done)]), name="warm.done", op=hvd.Min).item():
+            break
     out["last_lane"] = eng._lane_next
     return out
 
