@@ -21,8 +21,7 @@ from .negotiation import HvdOp
 from .ops import (
     Average,
     allgather_async,
-    allreduce_async,
-    allreduce_async_,
+    allreduce_blocking,
     alltoall_async,
     blocking,
     broadcast_async,
@@ -68,7 +67,7 @@ class _Allreduce(torch.autograd.Function):
         ps: ProcessSet,
     ) -> Any:
         ctx.args = (op, pre, post, ps)
-        return blocking(allreduce_async, tensor, None, name, op, pre, post, ps)
+        return allreduce_blocking(tensor, False, None, name, op, pre, post, ps)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -102,7 +101,16 @@ def allreduce(
     """
     rop = handle_average_backwards_compatibility(op, average)
     compressed, cctx = compression.compress(tensor)
-    out = _call(_Allreduce, compressed, name, rop, prescale_factor, postscale_factor, process_set)
+    if isinstance(compressed, torch.Tensor) and not (
+        compressed.requires_grad and torch.is_grad_enabled()
+    ):  # no graph to record: the autograd Function would return the same tensor
+        out = allreduce_blocking(
+            compressed, False, None, name, rop, prescale_factor, postscale_factor, process_set
+        )
+    else:
+        out = _call(
+            _Allreduce, compressed, name, rop, prescale_factor, postscale_factor, process_set
+        )
     return compression.decompress(out, cctx)
 
 
@@ -115,10 +123,9 @@ def allreduce_(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    out: torch.Tensor = blocking(
-        allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set
+    return allreduce_blocking(
+        tensor, True, average, name, op, prescale_factor, postscale_factor, process_set
     )
-    return out
 
 
 class _GroupedAllreduce(torch.autograd.Function):

@@ -60,6 +60,7 @@ from .negotiation import Coordinator, Response
 from .record import LaneCycles
 from .settings import Settings
 from .stall import StallInspector
+from .steady import SteadyPath
 from .timeline import Timeline
 
 __all__ = ["TorchEngine"]
@@ -131,6 +132,9 @@ class TorchEngine:
         #: steady-state cycles gathered with one collective (:mod:`unison.torch.record`)
         self.lanes = LaneCycles(data, self.size, self.me)
         self._lane_next = False  # every rank's last message said: the next cycle is one
+        #: the steady-state blocking all-reduce (:mod:`unison.torch.steady`), where cycles
+        #: can be gathered
+        self.steady = SteadyPath(self) if self.lanes.ok else None
 
     def start(self) -> None:
         self.channel.start()
