@@ -15,13 +15,16 @@ from typing import Any
 
 import torch
 
-from .basics import ProcessSet, global_process_set
+from .basics import ProcessSet, engine_of, global_process_set
 from .compression import Compression, Compressor
+from .handle import Handle
 from .negotiation import HvdOp
 from .ops import (
     Average,
+    _check,
     allgather_async,
-    allreduce_blocking,
+    allreduce_async,
+    allreduce_async_,
     alltoall_async,
     blocking,
     broadcast_async,
@@ -49,6 +52,38 @@ __all__ = [
     "reducescatter",
     "sparse_allreduce_async",
 ]
+
+
+def allreduce_blocking(
+    tensor: torch.Tensor,
+    inplace: bool,
+    average: bool | None,
+    name: str | None,
+    op: Any,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> torch.Tensor:
+    """``synchronize(allreduce_async(...))`` (``allreduce_async_`` when ``inplace``); a named
+    small all-reduce in steady state takes the engine's steady path
+    (:mod:`unison.torch.steady`): one gathered cycle on this thread, no handle."""
+    if name is not None:
+        rop = handle_average_backwards_compatibility(op, average)
+        t = _check(tensor, "allreduce tensor")
+        steady = engine_of(process_set).steady
+        if steady is not None:
+            out = t if inplace else torch.empty_like(t)
+            got = steady.allreduce(
+                t, out, str(name), int(rop), float(prescale_factor), float(postscale_factor)
+            )
+            if got is not None:
+                return synchronize(got) if isinstance(got, Handle) else got  # type: ignore[no-any-return]
+        average, op = None, rop
+    fn = allreduce_async_ if inplace else allreduce_async
+    out_: torch.Tensor = blocking(
+        fn, tensor, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+    return out_
 
 
 def _call(fn: Any, *args: Any) -> Any:

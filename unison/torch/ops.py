@@ -32,7 +32,6 @@ __all__ = [
     "allgather_async",
     "allreduce_async",
     "allreduce_async_",
-    "allreduce_blocking",
     "alltoall_async",
     "barrier",
     "blocking",
@@ -152,38 +151,6 @@ def blocking(fn: Callable[..., Handle], *args: Any, **kwargs: Any) -> Any:
     finally:
         _tls.blocking = False
     return synchronize(handle)
-
-
-def allreduce_blocking(
-    tensor: torch.Tensor,
-    inplace: bool,
-    average: bool | None,
-    name: str | None,
-    op: Any,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-) -> torch.Tensor:
-    """``synchronize(allreduce_async(...))`` (``allreduce_async_`` when ``inplace``); a named
-    small all-reduce in steady state takes the engine's steady path
-    (:mod:`unison.torch.steady`): one gathered cycle on this thread, no handle."""
-    if name is not None:
-        rop = handle_average_backwards_compatibility(op, average)
-        t = _check(tensor, "allreduce tensor")
-        steady = engine_of(process_set).steady
-        if steady is not None:
-            out = t if inplace else torch.empty_like(t)
-            got = steady.allreduce(
-                t, out, str(name), int(rop), float(prescale_factor), float(postscale_factor)
-            )
-            if got is not None:
-                return synchronize(got) if isinstance(got, Handle) else got  # type: ignore[no-any-return]
-        average, op = None, rop
-    fn = allreduce_async_ if inplace else allreduce_async
-    out_: torch.Tensor = blocking(
-        fn, tensor, average, name, op, prescale_factor, postscale_factor, process_set
-    )
-    return out_
 
 
 def _first(_: Entry, produced: Any) -> Any:
