@@ -104,7 +104,8 @@ class LaneCycles:
         self.group = group
         self.size = size
         self.me = me
-        self.ok = size > 1 and getattr(group, "lane", None) is not None
+        self._lane = getattr(group, "lane", None)
+        self.ok = size > 1 and self._lane is not None
         self.enabled = True
         self.rec = np.zeros(RECORD_BYTES, np.uint8)
         self.view = self.rec.data  # this rank's record, for struct.pack_into
@@ -130,8 +131,10 @@ class LaneCycles:
 
     def gather(self, k: int, ranks: list[int]) -> None:
         """The collective of cycle ``k``: every rank's record into :attr:`everyone`."""
-        try:
-            all_gather_into_tensor(self.everyone, self.rec, group=self.group)
+        try:  # the slot lane first, as all_gather_into_tensor tries it (a few calls less)
+            lane = self._lane
+            if lane is None or not lane.all_gather(self.everyone, self.rec):
+                all_gather_into_tensor(self.everyone, self.rec, group=self.group)
         except UnisonError as exc:
             lost = tuple(getattr(exc, "ranks", ()) or ())
             who = f"ranks {list(lost)}" if lost else "the peers"
