@@ -36,7 +36,10 @@ the engine is idle (nothing queued or pending, no cycle running) runs the cycle
 on the caller's thread (:meth:`TorchEngine.run_blocking`) and waits on the peers'
 receives itself (:meth:`NegotiationChannel.pull`): a cached small all-reduce then completes
 without a thread hand-off. The cycle is the same on either thread (one runs at a
-time, in order), so peers cannot tell the difference.
+time, in order), so peers cannot tell the difference. In steady state a named small
+all-reduce goes further: :class:`~unison.torch.steady.SteadyPath` runs its gathered cycle
+from a per-name record template, with no handle, entry or message tuples, and falls back
+to the general decision when any rank's record differs.
 """
 
 from __future__ import annotations
