@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
-from .basics import ProcessSet, global_process_set
+from .basics import ProcessSet, engine_of, global_process_set
 from .compression import Compression, Compressor
+from .handle import Handle
 from .negotiation import HvdOp
 from .ops import (
     Average,
+    _check,
     allgather_async,
     allreduce_async,
     allreduce_async_,
@@ -52,6 +54,38 @@ __all__ = [
 ]
 
 
+def allreduce_blocking(
+    tensor: torch.Tensor,
+    inplace: bool,
+    average: bool | None,
+    name: str | None,
+    op: Any,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+) -> torch.Tensor:
+    """``synchronize(allreduce_async(...))`` (``allreduce_async_`` when ``inplace``); a named
+    small all-reduce in steady state takes the engine's steady path
+    (:mod:`unison.torch.steady`): one gathered cycle on this thread, no handle."""
+    if name is not None:
+        rop = handle_average_backwards_compatibility(op, average)
+        t = _check(tensor, "allreduce tensor")
+        steady = engine_of(process_set).steady
+        if steady is not None:
+            out = t if inplace else torch.empty_like(t)
+            got = steady.allreduce(
+                t, out, str(name), int(rop), float(prescale_factor), float(postscale_factor)
+            )
+            if got is not None:
+                return synchronize(got) if isinstance(got, Handle) else got  # type: ignore[no-any-return]
+        average, op = None, rop
+    fn = allreduce_async_ if inplace else allreduce_async
+    out_: torch.Tensor = blocking(
+        fn, tensor, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+    return out_
+
+
 def _call(fn: Any, *args: Any) -> Any:
     return fn.apply(*args)
 
@@ -68,7 +102,7 @@ class _Allreduce(torch.autograd.Function):
         ps: ProcessSet,
     ) -> Any:
         ctx.args = (op, pre, post, ps)
-        return blocking(allreduce_async, tensor, None, name, op, pre, post, ps)
+        return allreduce_blocking(tensor, False, None, name, op, pre, post, ps)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -102,7 +136,16 @@ def allreduce(
     """
     rop = handle_average_backwards_compatibility(op, average)
     compressed, cctx = compression.compress(tensor)
-    out = _call(_Allreduce, compressed, name, rop, prescale_factor, postscale_factor, process_set)
+    if isinstance(compressed, torch.Tensor) and not (
+        compressed.requires_grad and torch.is_grad_enabled()
+    ):  # no graph to record: the autograd Function would return the same tensor
+        out = allreduce_blocking(
+            compressed, False, None, name, rop, prescale_factor, postscale_factor, process_set
+        )
+    else:
+        out = _call(
+            _Allreduce, compressed, name, rop, prescale_factor, postscale_factor, process_set
+        )
     return compression.decompress(out, cctx)
 
 
@@ -115,10 +158,9 @@ def allreduce_(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    out: torch.Tensor = blocking(
-        allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor, process_set
+    return allreduce_blocking(
+        tensor, True, average, name, op, prescale_factor, postscale_factor, process_set
     )
-    return out
 
 
 class _GroupedAllreduce(torch.autograd.Function):

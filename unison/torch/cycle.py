@@ -20,7 +20,7 @@ from .negotiation import TensorRequest, request_of
 if TYPE_CHECKING:
     from .engine import TorchEngine
 
-__all__ = ["lane_gather", "observe", "run_cycle"]
+__all__ = ["decide", "lane_after", "lane_gather", "observe", "run_cycle"]
 
 
 def run_cycle(self: TorchEngine) -> None:
@@ -71,6 +71,11 @@ def run_cycle(self: TorchEngine) -> None:
         self._last_sent = time.monotonic()
         msgs = self._gather(k)
     msgs[self.me] = mine
+    decide(self, k, msgs)
+
+
+def decide(self: TorchEngine, k: int, msgs: dict[int, Any]) -> None:
+    """Cycle ``k`` given every rank's message: decide alike on every rank, execute."""
     self._cycle = k
     with self._cv:
         self._attendance.record(msgs, self.size)
@@ -128,7 +133,14 @@ def lane_gather(self: TorchEngine, mine: tuple[Any, ...], k: int, packed: bool) 
         self.counts["control_sent"] += self.size - 1
         self.lanes.mark(k, p2p=True)
     self._last_sent = time.monotonic()
-    msgs, p2p, bye = self.lanes.exchange(k, self.cache, self.ranks)
+    return lane_after(self, k, *self.lanes.exchange(k, self.cache, self.ranks))
+
+
+def lane_after(
+    self: TorchEngine, k: int, msgs: dict[int, Any], p2p: list[int], bye: list[int]
+) -> dict[int, Any]:
+    """The peers' messages of gathered cycle ``k``: goodbyes noted, point-to-point ones
+    (records that said so) waited for."""
     if bye:
         with self._cv:
             self._gone.update(bye)

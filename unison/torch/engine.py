@@ -36,7 +36,10 @@ the engine is idle (nothing queued or pending, no cycle running) runs the cycle
 on the caller's thread (:meth:`TorchEngine.run_blocking`) and waits on the peers'
 receives itself (:meth:`NegotiationChannel.pull`): a cached small all-reduce then completes
 without a thread hand-off. The cycle is the same on either thread (one runs at a
-time, in order), so peers cannot tell the difference.
+time, in order), so peers cannot tell the difference. In steady state a named small
+all-reduce goes further: :class:`~unison.torch.steady.SteadyPath` runs its gathered cycle
+from a per-name record template, with no handle, entry or message tuples, and falls back
+to the general decision when any rank's record differs.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from .negotiation import Coordinator, Response
 from .record import LaneCycles
 from .settings import Settings
 from .stall import StallInspector
+from .steady import SteadyPath
 from .timeline import Timeline
 
 __all__ = ["TorchEngine"]
@@ -131,6 +135,9 @@ class TorchEngine:
         #: steady-state cycles gathered with one collective (:mod:`unison.torch.record`)
         self.lanes = LaneCycles(data, self.size, self.me)
         self._lane_next = False  # every rank's last message said: the next cycle is one
+        #: the steady-state blocking all-reduce (:mod:`unison.torch.steady`), where cycles
+        #: can be gathered
+        self.steady = SteadyPath(self) if self.lanes.ok else None
 
     def start(self) -> None:
         self.channel.start()

@@ -104,10 +104,12 @@ class LaneCycles:
         self.group = group
         self.size = size
         self.me = me
-        self.ok = size > 1 and getattr(group, "lane", None) is not None
+        self._lane = getattr(group, "lane", None)
+        self.ok = size > 1 and self._lane is not None
         self.enabled = True
         self.rec = np.zeros(RECORD_BYTES, np.uint8)
-        self._all = np.zeros(RECORD_BYTES * size, np.uint8)
+        self.view = self.rec.data  # this rank's record, for struct.pack_into
+        self.everyone = np.zeros(RECORD_BYTES * size, np.uint8)  # rank order
 
     def steady(self, msg: tuple[Any, ...], cache: ResponseCache) -> bool:
         """Whether ``msg`` may be gathered (it is packed into :attr:`rec` if so)."""
@@ -124,8 +126,15 @@ class LaneCycles:
     ) -> tuple[dict[int, Any], list[int], list[int]]:
         """Gather every rank's record of cycle ``k``: (the peers' messages, the set
         ranks whose message comes point to point, the set ranks that said goodbye)."""
-        try:
-            all_gather_into_tensor(self._all, self.rec, group=self.group)
+        self.gather(k, ranks)
+        return self.decode_all(k, cache, ranks)
+
+    def gather(self, k: int, ranks: list[int]) -> None:
+        """The collective of cycle ``k``: every rank's record into :attr:`everyone`."""
+        try:  # the slot lane first, as all_gather_into_tensor tries it (a few calls less)
+            lane = self._lane
+            if lane is None or not lane.all_gather(self.everyone, self.rec):
+                all_gather_into_tensor(self.everyone, self.rec, group=self.group)
         except UnisonError as exc:
             lost = tuple(getattr(exc, "ranks", ()) or ())
             who = f"ranks {list(lost)}" if lost else "the peers"
@@ -133,6 +142,11 @@ class LaneCycles:
                 f"negotiation cycle {k} of rank {ranks[self.me]} with {who} failed: {exc}",
                 ranks=lost,
             ) from exc
+
+    def decode_all(
+        self, k: int, cache: ResponseCache, ranks: list[int]
+    ) -> tuple[dict[int, Any], list[int], list[int]]:
+        """The gathered records decoded: as :meth:`exchange` returns them."""
         msgs: dict[int, Any] = {}
         p2p: list[int] = []
         bye: list[int] = []
@@ -141,7 +155,7 @@ class LaneCycles:
             if r == self.me:
                 continue
             try:
-                flags, msg = decode(self._all[r * n : (r + 1) * n], k, cache)
+                flags, msg = decode(self.everyone[r * n : (r + 1) * n], k, cache)
             except (ValueError, KeyError) as exc:
                 raise HorovodInternalError(
                     f"rank {ranks[r]} sent a malformed negotiation record: {exc}",
