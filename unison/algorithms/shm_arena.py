@@ -22,6 +22,7 @@ direct algorithms' ``supports()`` says yes) only for the world of a one-host job
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -30,6 +31,7 @@ import numpy as np
 from ..errors import UnsupportedError
 from ..link import SLOT_BYTES, Link, SharedLink, crowding, sync_at
 from ._context import OpContext
+from .topology import Topology
 
 __all__ = [
     "SHM_NEEDS",
@@ -39,6 +41,10 @@ __all__ = [
     "SharedLink",
     "arena_of",
     "crowding",
+    "pipeline_bytes",
+    "round_bytes",
+    "round_fixed",
+    "round_for",
     "rounds",
     "sync",
     "sync_cost",
@@ -55,9 +61,67 @@ SHM_NEEDS = (
 HEAD_BYTES = 128
 
 
-def rounds(n: int, link: Link) -> int:
-    half = link.half if isinstance(link, SharedLink) else SLOT_BYTES // 2
-    return max(1, math.ceil(n / half))
+#: a round's synchronisation may cost at most this share of the round's copies and
+#: reductions (rounds no longer than that keep a large operation's slot use, and so its
+#: resident memory, small: the pages a round never reaches are never touched)
+SYNC_SHARE = 1 / 32
+#: the shortest round (a page multiple): below it the Python work of a round dominates
+MIN_ROUND = 64 << 10
+_PAGE = 4096
+
+
+def _half(link: Link) -> int:
+    return link.half if isinstance(link, SharedLink) else SLOT_BYTES // 2
+
+
+def round_fixed(p: int, link: Link) -> float:
+    """Seconds a round costs whatever its length: its synchronisation plus its own Python
+    work (slicing the slots, a copy and a kernel call: about one message's Python work
+    at one end, ``(α − hop) / 2`` of a calibrated link, ~4 µs counted on the 2-core VM)."""
+    py = (link.alpha - link.hop) / 2 if 0 < link.hop < link.alpha else 0.0
+    return sync_cost(p, link) + py
+
+
+def round_bytes(p: int, link: Link, per_byte: float) -> int:
+    """Bytes one round of a direct algorithm moves when every rank does the same work
+    each round (all-reduce, all-gather, reduce-scatter): the fewest bytes whose copies
+    and reductions (``per_byte`` seconds per byte, as the algorithm's ``cost()`` prices
+    them) make the round's fixed cost (:func:`round_fixed`) at most :data:`SYNC_SHARE`
+    of its time; between :data:`MIN_ROUND` and half a slot, whole pages. Every rank
+    computes the same value (one link model)."""
+    half = _half(link)
+    s = round_fixed(p, link)
+    if s <= 0 or per_byte <= 0:
+        return half
+    want = int(s / (SYNC_SHARE * per_byte))
+    return max(min(MIN_ROUND, half), min(half, want // _PAGE * _PAGE))
+
+
+def pipeline_bytes(p: int, n: int, link: Link) -> int:
+    """Bytes per round of a pipelined copy through the slots (broadcast: the root fills
+    one half while the readers empty the other): with k rounds of n/k bytes the copies
+    take (n + n/k)·c and the rounds k·f (f: :func:`round_fixed`), least at k = √(n·c / f);
+    at most half a slot, whole pages."""
+    half = _half(link)
+    s = round_fixed(p, link)
+    if s <= 0 or link.copy <= 0 or n <= MIN_ROUND:
+        return half
+    k = max(1, round(math.sqrt(n * link.copy / s)))
+    want = -(-n // k)
+    want = -(-want // _PAGE) * _PAGE
+    return max(min(MIN_ROUND, half), min(half, want))
+
+
+@functools.lru_cache(maxsize=1024)
+def round_for(plan: Callable[[int, int, Link], int], topo: Topology, p: int, n: int) -> int:
+    """``plan(p, n, link)`` on the group's link for ``n`` bytes (rates by size, as the
+    selector prices the call), remembered per topology: a round size costs one lookup."""
+    return plan(p, n, topo.link.at(n, p))
+
+
+def rounds(n: int, link: Link, step: int = 0) -> int:
+    """Rounds of an operation on ``n`` bytes, ``step`` bytes a round (0: half a slot)."""
+    return max(1, math.ceil(n / (step or _half(link))))
 
 
 def sync_cost(p: int, link: Link) -> float:
@@ -105,6 +169,14 @@ class Arena:
     def elems(self, dtype: np.dtype) -> int:
         """Elements of ``dtype`` one half holds."""
         return self.half // dtype.itemsize
+
+    def step(self, dtype: np.dtype, nbytes: int, total: int) -> int:
+        """Elements of ``dtype`` per round for ``total`` bytes in rounds of at most
+        ``nbytes`` (and at most a half): as many rounds as that needs, of equal length."""
+        cap = max(1, min(self.half, nbytes) // dtype.itemsize)
+        count = total // dtype.itemsize
+        k = max(1, -(-count // cap))
+        return max(1, -(-count // k))
 
     def release(self) -> None:
         self._slots.clear()
