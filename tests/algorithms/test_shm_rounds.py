@@ -5,9 +5,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from unison.algorithms import all_reduce_shm_one, broadcast_shm, shm_arena
-from unison.algorithms.shm_arena import Arena, pipeline_bytes, round_bytes, rounds
+from unison.algorithms.shm_arena import (
+    Arena,
+    in_cache,
+    pipeline_bytes,
+    round_bytes,
+    round_plan,
+    rounds,
+    warm_round,
+)
 from unison.link import shared_link
 
 HALF = 4 << 20
@@ -37,7 +46,7 @@ def test_pipeline_bytes_balance_copies_and_rounds() -> None:
     assert 1 < k < n // shm_arena.MIN_ROUND
     # about √(n·c / sync) rounds
     assert abs(k - (n * 1e-10 / 1e-5) ** 0.5) <= 2
-    assert pipeline_bytes(2, 4096, link) == HALF  # too small to pipeline: one round
+    assert rounds(4096, link, pipeline_bytes(2, 4096, link)) == 1  # too small to pipeline
 
 
 def test_costs_count_the_model_rounds() -> None:
@@ -58,3 +67,18 @@ def test_arena_step_splits_evenly_within_a_half() -> None:
     assert arena.step(f4, 2048, 3000 * 4) == 500  # 6 rounds of 500, not 5 of 512 and one of 440
     assert arena.step(f4, 2048, 0) == 1
     assert arena.step(f4, 2048, 4) == 1
+
+
+def test_out_of_cache_rounds_fit_the_cache_when_that_pays() -> None:
+    hot = _link(1e-5)
+    cold = replace(hot, copy=3e-10, gamma=2e-10, warm=8 << 20, warm_copy=1e-10, warm_gamma=1e-10)
+    fast = in_cache(cold)
+    assert fast is not None and fast.copy == pytest.approx(2e-10) and fast.gamma == 1e-10
+    assert in_cache(hot) is None
+    assert warm_round(2, cold) == (8 << 20) // 6 // 4096 * 4096
+    assert warm_round(2, hot) == HALF
+    r, per_byte = round_plan(2, cold, lambda lk: lk.copy + lk.gamma)
+    assert r <= warm_round(2, cold) and per_byte == pytest.approx(3e-10)
+    # a sync so dear that the extra rounds cost more than the cache saves: half slots
+    r, per_byte = round_plan(2, replace(cold, sync=5e-3), lambda lk: lk.copy + lk.gamma)
+    assert r == HALF and per_byte == pytest.approx(5e-10)

@@ -171,7 +171,7 @@ def _grid_model_rounds(algo: str) -> int:
     from unison.algorithms import shm_arena
 
     shm_arena.MIN_ROUND = 4096
-    shm_arena.round_fixed = lambda p, link: 1e-12
+    shm_arena.round_fixed = lambda p, link, syncs=1: 1e-12
     un.init()
     cases = _grid(algo)
     for each in ("shm", "shm_one"):

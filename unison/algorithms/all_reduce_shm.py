@@ -32,7 +32,7 @@ from ..link import Link, SharedLink, crowding
 from . import all_reduce_ring
 from ._context import OpContext
 from ._schedule import chunks
-from .shm_arena import SHM_NEEDS, arena_of, round_bytes, round_for, rounds, sync, sync_cost
+from .shm_arena import SHM_NEEDS, arena_of, round_for, round_plan, rounds, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
@@ -47,14 +47,15 @@ def _per_byte(p: int, link: Link) -> float:
 
 
 def plan(p: int, n: int, link: Link) -> int:
-    """Bytes per round (:func:`.shm_arena.round_bytes`; two syncs a round)."""
-    return round_bytes(p, link, _per_byte(p, link) / 2)
+    """Bytes per round (:func:`.shm_arena.round_plan`; two syncs a round)."""
+    return round_plan(p, link, lambda lk: _per_byte(p, lk), syncs=2)[0]
 
 
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    return 2 * sync_cost(p, link) * rounds(n, link, plan(p, n, link)) + n * _per_byte(p, link)
+    r, per_byte = round_plan(p, link, lambda lk: _per_byte(p, lk), syncs=2)
+    return 2 * sync_cost(p, link) * rounds(n, link, r) + n * per_byte
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:

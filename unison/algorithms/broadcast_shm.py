@@ -32,6 +32,7 @@ from .shm_arena import (
     SHM_NEEDS,
     arena_of,
     pipeline_bytes,
+    pipeline_plan,
     round_for,
     rounds,
     sync,
@@ -48,8 +49,9 @@ NEEDS = SHM_NEEDS
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    b = min(n, pipeline_bytes(p, n, link))
-    copies = (crowding(p, link) * n + b) * link.copy
+    b, c = pipeline_plan(p, n, link)
+    b = min(n, b)
+    copies = (crowding(p, link) * n + b) * c
     return sync_cost(p, link) * rounds(n, link, b) + copies
 
 

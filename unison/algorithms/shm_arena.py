@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -41,10 +42,14 @@ __all__ = [
     "SharedLink",
     "arena_of",
     "crowding",
+    "in_cache",
     "pipeline_bytes",
+    "pipeline_plan",
+    "round_plan",
     "round_bytes",
     "round_fixed",
     "round_for",
+    "warm_round",
     "rounds",
     "sync",
     "sync_cost",
@@ -74,42 +79,113 @@ def _half(link: Link) -> int:
     return link.half if isinstance(link, SharedLink) else SLOT_BYTES // 2
 
 
-def round_fixed(p: int, link: Link) -> float:
-    """Seconds a round costs whatever its length: its synchronisation plus its own Python
-    work (slicing the slots, a copy and a kernel call: about one message's Python work
-    at one end, ``(α − hop) / 2`` of a calibrated link, ~4 µs counted on the 2-core VM)."""
+def in_cache(link: Link) -> SharedLink | None:
+    """An out-of-cache operation's link at the rates of rounds short enough to keep their
+    working set in the cache (:func:`warm_round`): the user's bytes still stream from
+    memory once (half a cold copy: its read), the slots and the chunk just read stay in
+    the cache (in-cache reduction, in-cache other half of the copy). Counted on the
+    2-core VM: 1.12e-10 s/byte for the all-reduce's copy and reduction, this model
+    1.2e-10, the cold rates 2.07e-10. None where the link is not out-of-cache or the
+    rates are unknown."""
+    if not isinstance(link, SharedLink) or link.warm <= 0 or link.warm_copy <= 0:
+        return None
+    copy = (link.warm_copy + link.copy) / 2
+    return replace(link, copy=copy, gamma=link.warm_gamma or link.gamma)
+
+
+def warm_round(p: int, link: Link) -> int:
+    """The longest round whose working set stays in the cache: each of the ``p`` ranks
+    touches its chunk and ``p`` slot halves of the round's length, so p·(p+1) rounds'
+    bytes must fit the working set the calibration still priced at in-cache rates
+    (:attr:`SharedLink.warm`; half a slot where unknown). Counted on the 2-core VM
+    (one process, the all-reduce's copy in and reduction over 256 MiB, CPU time): 4 MiB
+    rounds 61 ms, 2 MiB 34 ms, 1 MiB and less 30 ms: a round that outgrows the cache
+    reads its chunk and slots from memory twice."""
+    half = _half(link)
+    warm = link.warm if isinstance(link, SharedLink) else 0
+    if warm <= 0:
+        return half
+    return max(min(MIN_ROUND, half), min(half, warm // (p * (p + 1)) // _PAGE * _PAGE))
+
+
+def round_fixed(p: int, link: Link, syncs: int = 1) -> float:
+    """Seconds a round costs whatever its length: its ``syncs`` synchronisations plus its
+    own Python work (slicing the slots, a copy and a kernel call: about one message's
+    Python work at one end, ``(α − hop) / 2`` of a calibrated link, ~4 µs counted on the
+    2-core VM)."""
     py = (link.alpha - link.hop) / 2 if 0 < link.hop < link.alpha else 0.0
-    return sync_cost(p, link) + py
+    return syncs * sync_cost(p, link) + py
+
+
+def _fit(fixed: float, per_byte: float, cap: int) -> int:
+    if fixed <= 0 or per_byte <= 0:
+        return cap
+    want = int(fixed / (SYNC_SHARE * per_byte)) // _PAGE * _PAGE
+    return max(min(MIN_ROUND, cap), min(cap, want))
+
+
+def round_plan(
+    p: int, link: Link, per_byte: Callable[[Link], float], syncs: int = 1
+) -> tuple[int, float]:
+    """Bytes per round and seconds per byte of work for a direct algorithm whose ranks
+    do the same work each round (all-reduce, all-gather, reduce-scatter).
+
+    Rounds are the fewest bytes whose work (``per_byte(link)``, as the algorithm's
+    ``cost()`` prices it) makes the round's fixed cost (:func:`round_fixed`) at most
+    :data:`SYNC_SHARE` of its time, at most half a slot, whole pages. An out-of-cache
+    operation may instead take rounds that fit the cache (:func:`warm_round`) at the
+    in-cache rates, when those rates save more than the extra rounds cost. Every rank
+    computes the same plan (one link model)."""
+    fixed = round_fixed(p, link, syncs)
+    pb = per_byte(link)
+    r = _fit(fixed, pb, _half(link))
+    hot = in_cache(link)
+    if hot is not None:
+        hpb = per_byte(hot)
+        rw = _fit(fixed, hpb, warm_round(p, link))
+        if fixed / rw + hpb < fixed / r + pb:
+            return rw, hpb
+    return r, pb
+
+
+def pipeline_plan(p: int, n: int, link: Link) -> tuple[int, float]:
+    """Bytes per round and seconds per byte copied for a pipelined copy through the
+    slots (broadcast: the root fills one half while the readers empty the other): with
+    k rounds of b = n/k bytes the copies take (n·crowding + b)·c and the rounds k·f
+    (f: :func:`round_fixed`), least at k = √(n·c / f); at most half a slot, whole
+    pages; an out-of-cache operation may take cache-sized rounds at in-cache rates."""
+
+    def fit(lk: Link, cap: int) -> tuple[int, float]:
+        f, c = round_fixed(p, lk), lk.copy
+        if f <= 0 or c <= 0 or n <= MIN_ROUND:
+            b = cap
+        else:
+            k = max(1, round(math.sqrt(n * c / f)))
+            per = -(-n // k)
+            b = -(-per // _PAGE) * _PAGE
+            b = max(min(MIN_ROUND, cap), min(cap, b))
+        b = min(b, max(n, 1))
+        t = (crowding(p, lk) * n + b) * c + f * math.ceil(n / b)
+        return b, t
+
+    b, t = fit(link, _half(link))
+    c = link.copy
+    hot = in_cache(link)
+    if hot is not None:
+        bw, tw = fit(hot, warm_round(p, link))
+        if tw < t:
+            b, c = bw, hot.copy
+    return b, c
 
 
 def round_bytes(p: int, link: Link, per_byte: float) -> int:
-    """Bytes one round of a direct algorithm moves when every rank does the same work
-    each round (all-reduce, all-gather, reduce-scatter): the fewest bytes whose copies
-    and reductions (``per_byte`` seconds per byte, as the algorithm's ``cost()`` prices
-    them) make the round's fixed cost (:func:`round_fixed`) at most :data:`SYNC_SHARE`
-    of its time; between :data:`MIN_ROUND` and half a slot, whole pages. Every rank
-    computes the same value (one link model)."""
-    half = _half(link)
-    s = round_fixed(p, link)
-    if s <= 0 or per_byte <= 0:
-        return half
-    want = int(s / (SYNC_SHARE * per_byte))
-    return max(min(MIN_ROUND, half), min(half, want // _PAGE * _PAGE))
+    """:func:`round_plan`'s bytes for a fixed ``per_byte`` (no cache alternative)."""
+    return _fit(round_fixed(p, link), per_byte, _half(link))
 
 
 def pipeline_bytes(p: int, n: int, link: Link) -> int:
-    """Bytes per round of a pipelined copy through the slots (broadcast: the root fills
-    one half while the readers empty the other): with k rounds of n/k bytes the copies
-    take (n + n/k)·c and the rounds k·f (f: :func:`round_fixed`), least at k = √(n·c / f);
-    at most half a slot, whole pages."""
-    half = _half(link)
-    s = round_fixed(p, link)
-    if s <= 0 or link.copy <= 0 or n <= MIN_ROUND:
-        return half
-    k = max(1, round(math.sqrt(n * link.copy / s)))
-    want = -(-n // k)
-    want = -(-want // _PAGE) * _PAGE
-    return max(min(MIN_ROUND, half), min(half, want))
+    """:func:`pipeline_plan`'s bytes per round."""
+    return pipeline_plan(p, n, link)[0]
 
 
 @functools.lru_cache(maxsize=1024)
