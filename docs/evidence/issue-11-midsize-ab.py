@@ -68,9 +68,11 @@ def main() -> None:
     ap.add_argument("--ops", default="all_reduce,broadcast,all_gather,reduce_scatter")
     ap.add_argument("--sizes", default="1048576,16777216")
     ap.add_argument("--algo", default=ALGO, help="UNISON_ALGO for both variants")
+    ap.add_argument("--new-algo", default="", help="UNISON_ALGO syntax for 'new' alone")
     ap.add_argument("--blocks", type=int, default=10, help="blocks per variant")
     ap.add_argument("--iters", type=int, default=0, help="calls per block (0: by size)")
     ap.add_argument("--count", action="store_true", help="count bytes, syncs, calls")
+    ap.add_argument("--phases", action="store_true", help="time copies, syncs, reductions")
     args = ap.parse_args()
     os.environ["UNISON_ALGO"] = args.algo
     import unison as un
@@ -82,9 +84,18 @@ def main() -> None:
 
     mods = {name: importlib.import_module(f"unison.algorithms.{name}") for name in MODS}
 
+    from unison.config import load_config
+    from unison.world import current
+
+    forced = {
+        "old": load_config({"UNISON_ALGO": args.algo}).algo_overrides(),
+        "new": load_config({"UNISON_ALGO": args.new_algo or args.algo}).algo_overrides(),
+    }
+
     def use(variant: str) -> None:
         for name, mod in mods.items():
             mod.run = old[name].run if variant == "old" else new[name]  # type: ignore[attr-defined]
+        current().overrides = forced[variant]
 
     un.init()
     me, p = un.rank(), un.size()
@@ -108,8 +119,8 @@ def main() -> None:
             return lambda: un.reduce_scatter(out, ins)
         raise SystemExit(f"unknown op {op}")
 
-    if args.count:
-        count(un, [*mods.values(), *old.values()], use, ops, sizes, make, me)
+    if args.count or args.phases:
+        count(un, [*mods.values(), *old.values()], use, ops, sizes, make, me, args.phases)
         un.shutdown()
         return
 
@@ -156,20 +167,32 @@ def main() -> None:
 
 
 def count(
-    un: Any, mods: list[ModuleType], use: Any, ops: list[str], sizes: list[int], make: Any, me: int
+    un: Any,
+    mods: list[ModuleType],
+    use: Any,
+    ops: list[str],
+    sizes: list[int],
+    make: Any,
+    me: int,
+    phases: bool = False,
 ) -> None:
-    """Bytes through copy_into and the reduction kernel, syncs, Python calls: one call."""
+    """Bytes through copy_into and the reduction kernel, syncs, Python calls: one call.
+    ``phases``: instead, wall µs per call spent in copies, reductions and syncs (the
+    sync's time is mostly waiting for the slower rank), mean of 30 calls, rank 0."""
     from unison.algorithms import shm_arena
     from unison.backends.native import backend
+    from unison.buffers import copy_into as real_copy
 
     tally = {"copy": 0, "reduce_read": 0, "reduce_write": 0, "syncs": 0}
-    from unison.buffers import copy_into as real_reduce_copy
-
+    spent = {"copy": 0.0, "reduce": 0.0, "sync": 0.0}
     real_kernel = backend.kernel
+    clock = time.perf_counter
 
     def counting_copy(dst: np.ndarray, src: np.ndarray) -> None:
         tally["copy"] += dst.nbytes
-        real_reduce_copy(dst, src)
+        t = clock()
+        real_copy(dst, src)
+        spent["copy"] += clock() - t
 
     def counting_kernel(op: Any, dt: Any) -> Any:
         k = real_kernel(op, dt)
@@ -177,26 +200,30 @@ def count(
         def run(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             tally["reduce_read"] += a.nbytes + b.nbytes
             tally["reduce_write"] += out.nbytes
+            t = clock()
             k(a, b, out)
+            spent["reduce"] += clock() - t
 
         return run
 
     def counting_sync(ctx: Any, step: int) -> None:
         tally["syncs"] += 1
+        t = clock()
         shm_arena.sync(ctx, step)
+        spent["sync"] += clock() - t
 
     def patch(on: bool) -> None:
         for mod in mods:
             if hasattr(mod, "copy_into"):
-                mod.copy_into = counting_copy if on else real_reduce_copy  # type: ignore[attr-defined]
+                mod.copy_into = counting_copy if on else real_copy  # type: ignore[attr-defined]
             mod.sync = counting_sync if on else shm_arena.sync  # type: ignore[attr-defined]
         backend.kernel = counting_kernel if on else real_kernel  # type: ignore[assignment]
 
-    if me == 0:
-        print(
-            "per rank 0, one call: bytes copied (read = written), bytes the reduction reads / writes,"
-        )
+    if me == 0 and not phases:
+        print("rank 0, one call: bytes copied (read = written), bytes the reduction reads/writes,")
         print("syncs (round barriers), Python calls (cProfile, calling thread)")
+    if me == 0 and phases:
+        print("rank 0, wall us per call (mean of 30): whole call, copies, reductions, syncs, rest")
     for op in ops:
         for nbytes in sizes:
             for v in ("old", "new"):
@@ -206,8 +233,26 @@ def count(
                 fn()  # warm (and the first call's one-time work)
                 for k in tally:
                     tally[k] = 0
-                prof = cProfile.Profile()
+                for k in spent:
+                    spent[k] = 0.0
                 un.barrier()
+                if phases:
+                    reps = 30
+                    t0 = clock()
+                    for _ in range(reps):
+                        fn()
+                    whole = (clock() - t0) / reps * 1e6
+                    patch(False)
+                    un.barrier()
+                    if me == 0:
+                        c, r, y = (spent[k] / reps * 1e6 for k in ("copy", "reduce", "sync"))
+                        print(
+                            f"{op:15s} {nbytes:>10d} {v:4s} call {whole:9.1f}  copy {c:8.1f}  "
+                            f"reduce {r:8.1f}  sync {y:8.1f}  rest {whole - c - r - y:8.1f}",
+                            flush=True,
+                        )
+                    continue
+                prof = cProfile.Profile()
                 prof.enable()
                 fn()
                 prof.disable()

@@ -72,9 +72,10 @@ def test_arena_step_splits_evenly_within_a_half() -> None:
 def test_out_of_cache_rounds_fit_the_cache_when_that_pays() -> None:
     hot = _link(1e-5)
     cold = replace(hot, copy=3e-10, gamma=2e-10, warm=8 << 20, warm_copy=1e-10, warm_gamma=1e-10)
-    fast = in_cache(cold)
+    fast = in_cache(2, cold)
+    assert in_cache(4, cold) is None  # 4 ranks on 2 cores
     assert fast is not None and fast.copy == pytest.approx(2e-10) and fast.gamma == 1e-10
-    assert in_cache(hot) is None
+    assert in_cache(2, hot) is None
     assert warm_round(2, cold) == (8 << 20) // 6 // 4096 * 4096
     assert warm_round(2, hot) == HALF
     r, per_byte = round_plan(2, cold, lambda lk: lk.copy + lk.gamma)
