@@ -15,6 +15,13 @@ it finished reading round ``r − 2`` — the last use of half ``h``. So one
 synchronisation per phase suffices and per-rank shared memory stays one slot,
 whatever the message size.
 
+Round sizes come from the link model (:func:`round_plan`, :func:`pipeline_plan`):
+long enough that a round's synchronisation and Python work stay a small share of it,
+short enough — for operations that no longer fit the cache — that a round's chunk and
+slot halves stay cached between the copy in and the reduction. A round touches only
+the pages it uses, so the resident shared memory of a large operation is what its
+rounds reach (2 × p round-lengths per rank), not the whole slot.
+
 Only the world group uses the slots (its operations run one at a time, in the
 same order on every rank): a group's :class:`~.topology.Topology` has them (and the
 direct algorithms' ``supports()`` says yes) only for the world of a one-host job.
