@@ -104,6 +104,14 @@ class SharedLink(Link):
     #: cores of the host (0: not known); when ranks outnumber them, the direct
     #: algorithms' per-byte work of all ranks shares them
     cores: int = 0
+    #: bytes of working set that still run at the in-cache rates (the calibration's
+    #: :attr:`Link.big`, kept on the out-of-cache link too; 0: not known): the direct
+    #: algorithms keep a round's slots and chunk within it (:mod:`unison.algorithms.shm_arena`)
+    warm: int = 0
+    #: on that out-of-cache link, the in-cache copy and reduction rates (s/byte), which
+    #: a round that fits :attr:`warm` runs at (0: not known)
+    warm_copy: float = 0.0
+    warm_gamma: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,8 @@ def shared_link(
     rank of the host, whatever its affinity)."""
     b = transport_link("shm") if base is None else base
     cold = shared_link(b.cold, half, slots) if b.cold is not None else None
+    if cold is not None:
+        cold = replace(cold, warm=b.big, warm_copy=b.copy or b.beta / 2, warm_gamma=b.gamma)
     return SharedLink(
         b.alpha,
         b.beta,

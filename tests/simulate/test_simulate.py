@@ -98,24 +98,33 @@ def test_validate_covers_every_measured_collective(
 
 def test_broadcast_rounds_overlap_and_all_gather_counts_the_own_block() -> None:
     """The shm broadcast's rounds overlap (root fills one half while readers empty the
-    other): only the first round's copy in adds to the copies out; all-gathers pay
-    the copy of the own block into the output (every algorithm alike)."""
+    other), even within one half: only the first round's copy in adds to the copies out;
+    all-gathers pay the copy of the own block into the output (every algorithm alike)."""
+    import math
+
     from unison.algorithms import all_gather_ring, all_gather_shm, broadcast_shm
+    from unison.algorithms.shm_arena import pipeline_bytes
     from unison.link import SharedLink
 
     link = SharedLink(alpha=1e-6, beta=1e-9, copy=1e-10, half=1 << 20, sync=1e-6, cores=2)
-    one = broadcast_shm.cost(2, 1 << 20, link)
-    assert one == pytest.approx(1e-6 + 2 * (1 << 20) * 1e-10)  # one round: in, then out
-    many = broadcast_shm.cost(2, 16 << 20, link)
-    assert many == pytest.approx(16 * 1e-6 + (17 << 20) * 1e-10)  # 16 rounds overlapped
-    crowded = broadcast_shm.cost(4, 16 << 20, link)  # 4 copies per round on 2 cores
-    assert crowded == pytest.approx(16 * 2e-6 + (33 << 20) * 1e-10)  # sync x ranks/core
+    for p, n, sync, crowd in (
+        (2, 1 << 20, 1e-6, 1),
+        (2, 16 << 20, 1e-6, 1),
+        (4, 16 << 20, 2e-6, 2),
+    ):
+        b = pipeline_bytes(p, n, link)
+        assert 4096 <= b < min(n, 1 << 20)  # pipelined: several rounds even in one half
+        k = math.ceil(n / b)
+        assert abs(k - math.sqrt(n * 1e-10 / sync)) <= 1 + n / (1 << 20) / 2
+        want = sync * k + (crowd * n + b) * 1e-10  # sync x ranks/core when crowded
+        assert broadcast_shm.cost(p, n, link) == pytest.approx(want)
     n = 8 << 20
     own = all_gather_ring.own_copy(2, n, link)
     assert own == pytest.approx(n / 2 * 1e-10)
+    r = all_gather_shm.plan(2, n, link)  # bytes of the own block per round
     assert all_gather_shm.cost(2, n, link) == pytest.approx(
-        1e-6 * 4 + n * 1e-10 + own
-    )  # each rank's 4 MiB part in 4 rounds of a 1 MiB half
+        1e-6 * math.ceil(n / 2 / r) + n * 1e-10 + own
+    )
 
 
 def test_model_reads_the_measured_slot_sync() -> None:
@@ -144,9 +153,10 @@ def test_model_reads_the_measured_slot_sync() -> None:
 
 
 @pytest.mark.parametrize("p", [2, 4])
-def test_direct_algorithms_count_their_syncs(p: int) -> None:
+def test_direct_algorithms_count_their_syncs(p: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every direct shared-memory algorithm's cost() pays (syncs per call) x the sync
-    cost at its ranks per core: only the sync term moves when the sync cost does."""
+    cost at its ranks per core: only the sync term moves when the sync cost does (round
+    sizes held at half a slot: a round's fixed cost priced far above its work)."""
     from unison.algorithms import (
         all_gather_cma,
         all_gather_shm,
@@ -154,8 +164,11 @@ def test_direct_algorithms_count_their_syncs(p: int) -> None:
         all_reduce_shm_one,
         broadcast_shm,
         reduce_scatter_shm,
+        shm_arena,
     )
     from unison.link import SharedLink, sync_at
+
+    monkeypatch.setattr(shm_arena, "round_fixed", lambda p, link, syncs=1: 1.0)
 
     half = 1 << 20
     cheap = SharedLink(alpha=20e-6, copy=1e-10, cma=2e-10, half=half, cores=2, sync=1e-6)

@@ -165,6 +165,23 @@ def _grid_small_slot(algo: str) -> int:
     return cases
 
 
+def _grid_model_rounds(algo: str) -> int:
+    """Rounds shorter than a half, sized from the link model (as on a host with a fast
+    sync): a full-size slot, but every round one page, the pipelined broadcast too."""
+    from unison.algorithms import shm_arena
+
+    shm_arena.MIN_ROUND = 4096
+    shm_arena.round_fixed = lambda p, link, syncs=1: 1e-12
+    un.init()
+    cases = _grid(algo)
+    for each in ("shm", "shm_one"):
+        digests = _all_reduce_every_dtype(each)
+        every = un.all_gather_object(digests)
+        assert all(d == digests for d in every), f"{each}: ranks differ bitwise"
+        cases += len(digests)
+    return cases
+
+
 def _all_gather_cma() -> int:
     """The single-copy all-gather: every dtype, uneven counts, tensor and list outputs;
     it learns on its first call that every rank may read every other."""
@@ -194,6 +211,14 @@ def _all_gather_cma() -> int:
 def test_direct_shm_collectives_against_oracle(p: int) -> None:
     env = {**SHM, "UNISON_ALGO": "all_reduce:shm,reduce_scatter:shm,all_gather:shm,broadcast:shm"}
     outs = run_ranks(_grid_small_slot, p, args=("shm",), env=env, init=False, timeout=110)
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs if not o.ok)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("p", [2, 3])
+def test_direct_shm_rounds_from_the_model(p: int) -> None:
+    env = {**SHM, "UNISON_ALGO": "all_reduce:shm,reduce_scatter:shm,all_gather:shm,broadcast:shm"}
+    outs = run_ranks(_grid_model_rounds, p, args=("shm",), env=env, init=False, timeout=110)
     assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs if not o.ok)
 
 

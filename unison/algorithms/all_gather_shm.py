@@ -22,7 +22,7 @@ from ..buffers import copy_into
 from ..link import Link, SharedLink, crowding
 from . import all_gather_ring
 from ._context import OpContext
-from .shm_arena import SHM_NEEDS, arena_of, rounds, sync, sync_cost
+from .shm_arena import SHM_NEEDS, arena_of, round_for, round_plan, rounds, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
@@ -31,11 +31,22 @@ NAME = "shm"
 NEEDS = SHM_NEEDS
 
 
+def _per_byte(p: int, link: Link) -> float:
+    """Seconds per byte of the own block (a round moves ``p`` times its bytes)."""
+    return p * crowding(p, link) * link.copy
+
+
+def plan(p: int, n: int, link: Link) -> int:
+    """Bytes of the own block per round (:func:`.shm_arena.round_plan`)."""
+    return round_plan(p, link, lambda lk: _per_byte(p, lk))[0]
+
+
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    work = crowding(p, link) * n * link.copy
-    return sync_cost(p, link) * rounds(n // p, link) + work + all_gather_ring.own_copy(p, n, link)
+    r, per_byte = round_plan(p, link, lambda lk: _per_byte(p, lk))
+    steps = rounds(n // p, link, r)
+    return sync_cost(p, link) * steps + n // p * per_byte + all_gather_ring.own_copy(p, n, link)
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:
@@ -50,7 +61,9 @@ def run(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int) -> None:
     p, me = ctx.size, ctx.rank
     glob = ctx.ranks
     m = len(blocks[me])
-    step = arena.elems(blocks[me].dtype)
+    step = arena.step(
+        blocks[me].dtype, round_for(plan, ctx.topo, p, blocks[me].nbytes * p), blocks[me].nbytes
+    )
     for tag, start in enumerate(range(0, m, step) or [0]):
         k = min(step, m - start)
         h = arena.next_half()

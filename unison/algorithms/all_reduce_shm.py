@@ -32,7 +32,7 @@ from ..link import Link, SharedLink, crowding
 from . import all_reduce_ring
 from ._context import OpContext
 from ._schedule import chunks
-from .shm_arena import SHM_NEEDS, arena_of, rounds, sync, sync_cost
+from .shm_arena import SHM_NEEDS, arena_of, round_for, round_plan, rounds, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
@@ -41,12 +41,21 @@ NAME = "shm"
 NEEDS = SHM_NEEDS
 
 
+def _per_byte(p: int, link: Link) -> float:
+    f = (p - 1) / p
+    return crowding(p, link) * ((2 * f + 1 / p) * link.copy + f * link.gamma)
+
+
+def plan(p: int, n: int, link: Link) -> int:
+    """Bytes per round (:func:`.shm_arena.round_plan`; two syncs a round)."""
+    return round_plan(p, link, lambda lk: _per_byte(p, lk), syncs=2)[0]
+
+
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    f = (p - 1) / p
-    work = (2 * f + 1 / p) * n * link.copy + f * n * link.gamma
-    return 2 * sync_cost(p, link) * rounds(n, link) + crowding(p, link) * work
+    r, per_byte = round_plan(p, link, lambda lk: _per_byte(p, lk), syncs=2)
+    return 2 * sync_cost(p, link) * rounds(n, link, r) + n * per_byte
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:
@@ -72,7 +81,7 @@ def run(
     arena = arena_of(ctx, NAME)
     p, me = ctx.size, ctx.rank
     glob = ctx.ranks
-    step = arena.elems(arr.dtype)
+    step = arena.step(arr.dtype, round_for(plan, ctx.topo, p, arr.nbytes), arr.nbytes)
     tag = 0
     for start in range(0, len(arr), step) or [0]:
         chunk = arr[start : start + step]

@@ -33,7 +33,7 @@ from ..buffers import DType, Kernel, copy_into, finalize_average
 from ..link import Link, SharedLink, crowding
 from . import all_reduce_ring
 from ._context import OpContext
-from .shm_arena import SHM_NEEDS, arena_of, rounds, sync, sync_cost
+from .shm_arena import SHM_NEEDS, arena_of, round_for, round_plan, rounds, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
@@ -42,11 +42,20 @@ NAME = "shm_one"
 NEEDS = SHM_NEEDS
 
 
+def _per_byte(p: int, link: Link) -> float:
+    return crowding(p, link) * (link.copy + (p - 1) * link.gamma)
+
+
+def plan(p: int, n: int, link: Link) -> int:
+    """Bytes per round (:func:`.shm_arena.round_plan`)."""
+    return round_plan(p, link, lambda lk: _per_byte(p, lk))[0]
+
+
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    work = n * link.copy + (p - 1) * n * link.gamma
-    return sync_cost(p, link) * rounds(n, link) + crowding(p, link) * work
+    r, per_byte = round_plan(p, link, lambda lk: _per_byte(p, lk))
+    return sync_cost(p, link) * rounds(n, link, r) + n * per_byte
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:
@@ -62,7 +71,7 @@ def run(
     arena = arena_of(ctx, NAME)
     p, me = ctx.size, ctx.rank
     glob = ctx.ranks
-    step = arena.elems(arr.dtype)
+    step = arena.step(arr.dtype, round_for(plan, ctx.topo, p, arr.nbytes), arr.nbytes)
     for tag, start in enumerate(range(0, len(arr), step) or [0]):
         chunk = arr[start : start + step]
         n = len(chunk)

@@ -23,7 +23,7 @@ from ..link import Link, SharedLink, crowding
 from . import reduce_scatter_ring
 from ._context import OpContext
 from .all_reduce_shm import reduce_slice
-from .shm_arena import SHM_NEEDS, arena_of, rounds, sync, sync_cost
+from .shm_arena import SHM_NEEDS, arena_of, round_for, round_plan, rounds, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
@@ -32,12 +32,20 @@ NAME = "shm"
 NEEDS = SHM_NEEDS
 
 
+def _per_byte(p: int, link: Link) -> float:
+    return crowding(p, link) * (p - 1) / p * (link.copy + link.gamma)
+
+
+def plan(p: int, n: int, link: Link) -> int:
+    """Bytes of the ``p`` inputs per round (:func:`.shm_arena.round_plan`)."""
+    return round_plan(p, link, lambda lk: _per_byte(p, lk))[0]
+
+
 def cost(p: int, n: int, link: Link) -> float:
     if not isinstance(link, SharedLink) or p < 2:
         return math.inf
-    f = (p - 1) / p
-    work = f * n * (link.copy + link.gamma)
-    return sync_cost(p, link) * rounds(n, link) + crowding(p, link) * work
+    r, per_byte = round_plan(p, link, lambda lk: _per_byte(p, lk))
+    return sync_cost(p, link) * rounds(n, link, r) + n * per_byte
 
 
 def supports(p: int, n: int, topo: Topology) -> bool:
@@ -54,7 +62,8 @@ def run(
     p, me = ctx.size, ctx.rank
     glob = ctx.ranks
     m = len(out)
-    step = max(1, arena.elems(out.dtype) // p)
+    per_round = round_for(plan, ctx.topo, p, out.nbytes * p) // p  # bytes of each input
+    step = arena.step(out.dtype, min(per_round, arena.half // p), out.nbytes)
     for tag, start in enumerate(range(0, m, step) or [0]):
         k = min(step, m - start)
         h = arena.next_half()

@@ -99,14 +99,21 @@ def choose(
                         f"UNISON_ALGO forces {collective}:{forced}, which cannot serve "
                         f"{p} ranks x {nbytes} bytes here: it needs {mod.NEEDS}"
                     )
-                link = topo.link.at(nbytes, p)
-                t = link.overhead + mod.cost(p, nbytes, link)
-                return Choice(collective, forced, mod, t, True)
+                return _forced(collective, mod, p, nbytes, topo)
         raise UnsupportedError(
             f"UNISON_ALGO names {collective}:{forced}; known {collective} algorithms: "
             f"{', '.join(_names(collective))}"
         )
     return _cheapest(collective, p, nbytes, topo)
+
+
+@functools.lru_cache(maxsize=4096)
+def _forced(collective: str, mod: ModuleType, p: int, nbytes: int, topo: Topology) -> Choice:
+    """A forced choice's prediction, remembered as :func:`_cheapest` remembers its choice
+    (a direct algorithm's cost plans its rounds: microseconds a call otherwise)."""
+    link = topo.link.at(nbytes, p)
+    t = link.overhead + mod.cost(p, nbytes, link)
+    return Choice(collective, mod.NAME, mod, t, True)
 
 
 @functools.lru_cache(maxsize=4096)
