@@ -214,11 +214,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "UNISON_WAIT_ADAPT",
         "wait_adapt",
-        True,
+        False,
         _bool,
         "where a host's ranks outnumber its cores, a small collective's wait chooses between "
         "one sched_yield before sleeping on the futex and yield-polling, by the time per call "
-        "each gave lately (0: always one yield, then the futex)",
+        "each gave lately (off by default: under load it did not beat one yield then the "
+        "futex; docs/evidence/issue-11-latency.md, round 5)",
     ),
     Knob(
         "UNISON_LOG_LEVEL",
@@ -383,7 +384,7 @@ class Config:
     small_bytes: int = 4096
     group_slots: int = 8
     group_arena_bytes: int = 1 << 20
-    wait_adapt: bool = True
+    wait_adapt: bool = False
     log_level: str = "WARNING"
     bind_addr: str = ""
     network_interface: str = ""

@@ -6,7 +6,7 @@ Variants (set on every rank for a block, the same order everywhere; blocks alter
 * ``one``: yield once, then sleep on the missing peer's futex (round 4; UNISON_WAIT_ADAPT=0)
 * ``poll``: yield-poll for the policy's yield budget (4 mean responses, 0.2-5 ms) before the futex
 * ``adapt``: per epoch of 64 waits, ``one`` or ``poll`` by the time per call each gave lately
-  (the default, UNISON_WAIT_ADAPT=1)
+  (UNISON_WAIT_ADAPT=1)
 
 Per variant and operation: [min, median] over blocks of the slowest rank's mean us per call,
 and medians per call and rank of voluntary / involuntary context switches, CPU us (this

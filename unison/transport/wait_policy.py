@@ -53,7 +53,8 @@ _BLOCKED_S = 2.0 * YIELD_CAP_S  # what a wait that slept counts as, at most
 ONE_YIELD, YIELD_POLL = 0, 1
 EPOCH = 64  # waits per epoch of one arm (adapt)
 EXPLORE = 8  # every this many epochs the other arm runs one (adapt)
-_ARM_WEIGHT = 0.25  # weight of one epoch in its arm's mean
+_KEEP = 5  # an arm's cost: the median of its last this many epochs (adapt)
+_MARGIN = 0.8  # yield-poll only when its cost is below this share of one yield's (adapt)
 
 
 class WaitPolicy:
@@ -64,6 +65,7 @@ class WaitPolicy:
         "_epoch_k",
         "_epoch_t",
         "_epochs",
+        "_seen",
         "adapt",
         "arm",
         "arm_cost",
@@ -90,8 +92,9 @@ class WaitPolicy:
         #: :data:`YIELD_POLL`) by the time per call each gave lately (:meth:`_epoch`)
         self.adapt = adapt and oversubscribed
         self.arm = ONE_YIELD
-        #: weighted mean seconds per call of each arm over its epochs (0: not tried yet)
+        #: seconds per call of each arm, the median of its last epochs (0: not tried yet)
         self.arm_cost = [0.0, 0.0]
+        self._seen: tuple[list[float], list[float]] = ([], [])
         self._epoch_t = 0.0
         self._epoch_k = 0
         self._epochs = 0
@@ -127,14 +130,18 @@ class WaitPolicy:
     def _epoch(self, k: int, now: float) -> None:
         """End an epoch of :data:`EPOCH` waits at call ``k``: its time per call (every call
         of the slots since the epoch began, waited or not: what the caller's loop sees)
-        updates its arm's mean; the next epoch takes the arm with the lower mean, the
-        other one now and then (load changes; each arm stays measured): every
-        :data:`EXPLORE`-th epoch, up to 8 times less often when it was several times slower."""
+        joins its arm's last :data:`_KEEP` epochs, whose median is the arm's cost. The
+        next epoch yield-polls only when that beats one yield by :data:`_MARGIN` (it
+        burns the core while it waits: only for a clear gain), and runs the other arm
+        now and then (load changes; each arm stays measured): every :data:`EXPLORE`-th
+        epoch, up to 8 times less often when it was several times slower."""
         calls = (k - self._epoch_k) & 0xFFFFFFFF
         if self._epoch_t > 0.0 and calls > 0:
-            cost = (now - self._epoch_t) / calls
-            old = self.arm_cost[self.arm]
-            self.arm_cost[self.arm] = cost if old == 0.0 else old + _ARM_WEIGHT * (cost - old)
+            seen = self._seen[self.arm]
+            seen.append((now - self._epoch_t) / calls)
+            if len(seen) > _KEEP:
+                del seen[0]
+            self.arm_cost[self.arm] = sorted(seen)[len(seen) // 2]
         self._epochs += 1
         c0, c1 = self.arm_cost
         if c0 == 0.0:
@@ -142,7 +149,7 @@ class WaitPolicy:
         elif c1 == 0.0:
             arm = YIELD_POLL
         else:
-            arm = ONE_YIELD if c0 <= c1 else YIELD_POLL
+            arm = YIELD_POLL if c1 < _MARGIN * c0 else ONE_YIELD
             # explore less often the further behind the other arm was: its epoch costs
             # about (ratio − 1) × an epoch, so the share it takes stays bounded
             ratio = c1 / c0 if c1 > c0 else c0 / c1

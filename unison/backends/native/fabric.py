@@ -257,9 +257,7 @@ class Fabric:
             if small > 0 and len(self._small) == len(peers) + 1:
                 nb = region_bytes(small)
                 regions = [self._small[r][:nb] for r in range(len(peers) + 1)]
-                self.seqslots = SeqSlots(
-                    self.rank, regions, small, adapt=self.config.wait_adapt
-                )
+                self.seqslots = SeqSlots(self.rank, regions, small, adapt=self.config.wait_adapt)
         if log.isEnabledFor(10):  # DEBUG: the choice table every rank computes alike
             from ...algorithms.select import table
 
