@@ -450,8 +450,12 @@ def _copy_from(root: int) -> _Finish:
     return copy
 
 
+#: numpy's concatenate without its __array_function__ dispatch (plain arrays only here)
+_concatenate = getattr(np.concatenate, "_implementation", np.concatenate)
+
+
 def _gather(srcs: list[np.ndarray], out: np.ndarray) -> None:
-    np.concatenate(srcs, out=out.reshape(-1))
+    _concatenate(srcs, out=out if out.ndim == 1 else out.reshape(-1))
 
 
 def _gather_list(srcs: list[np.ndarray], outs: Sequence[np.ndarray]) -> None:
