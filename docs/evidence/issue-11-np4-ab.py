@@ -14,6 +14,7 @@ process), and futex sleeps (calls that reached the sleep phase).
 
     unison run -np 4 python docs/evidence/issue-11-np4-ab.py      # N=500 calls, B=8 rounds
     N=2000 B=10 OPS=all_reduce unison run -np 4 python docs/evidence/issue-11-np4-ab.py
+    WHO=1 ...  # also: in the last round, each rank's futex sleeps per call on each peer
 """
 
 import json
@@ -40,8 +41,13 @@ sleeps = [0]
 _wait = seqwait.futex.wait
 
 
+by_peer = dict.fromkeys(slots.addrs, 0)  # futex sleeps on each peer's seq word
+
+
 def _counting_wait(addr: int, expected: int, timeout: float) -> None:
     sleeps[0] += 1
+    if addr in by_peer:
+        by_peer[addr] += 1
     _wait(addr, expected, timeout)
 
 
@@ -80,6 +86,7 @@ for b in range(B):
                 call(op)
             un.barrier()
             sleeps[0] = 0
+            by_peer.update(dict.fromkeys(by_peer, 0))
             r0 = resource.getrusage(resource.RUSAGE_SELF)
             t = time.perf_counter()
             for _ in range(N):
@@ -101,6 +108,9 @@ for b in range(B):
                 print(
                     me, op, "arm", pol.arm, "arm_cost_us", [round(c * 1e6, 1) for c in pol.arm_cost]
                 )
+            if os.environ.get("WHO") and b == B - 1:  # which rank slept on which
+                who = {q: round(by_peer[a] / N, 2) for q, a in enumerate(slots.addrs) if q != me}
+                print("WHO", me, v, op, "sleeps per call on rank", who, flush=True)
             setv("one")
             every = np.zeros(5 * p, np.float64)
             un.all_gather_into_tensor(every, row)

@@ -143,6 +143,8 @@ class SeqSlots:
         #: ``rounds``): a peer there is copying a whole chunk, so their waits are long and
         #: would teach :attr:`policy` (the small collectives') the wrong budgets
         self.round_policy = WaitPolicy(oversubscribed)
+        if not oversubscribed:
+            self.policy.poll_s = seqwait.poll_cost(self._seq[rank])
         self.peers = [q for q in range(self.size) if q != rank]
         # what every call touches, looked up once
         self._my_seq, self._my_sleepers = self._seq[rank], self.sleepers[rank]
@@ -311,8 +313,14 @@ class SeqSlots:
             futex.wake(self._my_addr, 1 << 20)
         for seq in self._peer_seqs:
             if (seq.value - k) & _MASK > 1:
-                seqwait.wait(self, k, sig, timeout, policy)
-                break
+                n = polls = policy.polls  # the spin phase, inline (0: spinning does not pay)
+                while n:
+                    if (seq.value - k) & _MASK <= 1:
+                        break
+                    n -= 1
+                else:
+                    seqwait.wait(self, k, sig, timeout, policy, polls > 0)
+                    break
         self._k = k
         for q, theirs in self._peer_heads[h]:
             if theirs[0] != sig or theirs[1] != key:

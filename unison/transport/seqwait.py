@@ -12,6 +12,7 @@ peer per call; not kept. docs/evidence/issue-11-latency.md, round 5.)
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from .seqslot import SeqSlots
     from .wait_policy import WaitPolicy
 
-__all__ = ["MASK", "SLEEP_S", "fence_in", "fence_out", "wait"]
+__all__ = ["MASK", "SLEEP_S", "fence_in", "fence_out", "poll_cost", "wait"]
 
 MASK = 0xFFFFFFFF
 SLEEP_S = 0.005  # a sleeping waiter re-checks this often (bounds a lost wake-up)
@@ -34,18 +35,22 @@ _FENCE = threading.Lock()
 fence_in, fence_out = _FENCE.acquire, _FENCE.release
 
 
-def wait(slots: SeqSlots, k: int, sig: int, timeout: float, policy: WaitPolicy) -> None:
+def wait(
+    slots: SeqSlots, k: int, sig: int, timeout: float, policy: WaitPolicy, spun: bool = False
+) -> None:
     """Until every peer published ``k``: spin, yield, then sleep; deadline-bound.
 
     Only waits that had to wait get here (and teach ``policy``): a call whose
-    peers had all arrived returns without reading the clock."""
+    peers had all arrived returns without reading the clock, and so does one whose
+    peers arrived within the caller's inline polls (``spun``: those ran, this wait
+    starts at its yield phase)."""
     start = now = time.monotonic()
     deadline = start + timeout
     patient = slots.patient
     if patient:  # the caller expects a long wait: sleep at once, learn nothing
         spin_end = yield_end = start
     else:
-        spin_end = start + policy.spin_s
+        spin_end = start if spun else start + policy.spin_s
         yield_end = spin_end + policy.yield_s
     check_at = start + CHECK_S
     yields = policy.yields
@@ -74,3 +79,16 @@ def wait(slots: SeqSlots, k: int, sig: int, timeout: float, policy: WaitPolicy) 
     if not patient:
         end = time.monotonic()
         policy.observe(end - start, blocked, k, end)
+
+
+def poll_cost(word: ctypes.c_uint32, polls: int = 256) -> float:
+    """Seconds one poll of a slot word takes here (what the inline polls before
+    :func:`wait` run): the mean of ``polls`` polls, timed once."""
+    k = word.value
+    t = time.perf_counter()
+    n = polls
+    while n:
+        if (word.value - k) & MASK > 1:
+            break
+        n -= 1
+    return (time.perf_counter() - t) / polls

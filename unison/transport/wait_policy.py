@@ -70,6 +70,8 @@ class WaitPolicy:
         "arm",
         "arm_cost",
         "oversubscribed",
+        "poll_s",
+        "polls",
         "response",
         "spin_hits",
         "spin_s",
@@ -88,6 +90,13 @@ class WaitPolicy:
         self._budget = SPIN_CAP_S / 4  # nothing observed yet: a short first spin
         self.spin_s = 0.0 if oversubscribed else self._budget
         self.yield_s = 2.0 * SPIN_CAP_S
+        #: seconds one poll of a peer's word takes here (set by the caller, measured; 0:
+        #: unknown) and how many polls the caller runs inline, in place of the wait's
+        #: spin phase (the spin budget's worth): a wait that ends there costs no clock
+        #: reads and no bookkeeping, which would delay the waiter after its peer arrived,
+        #: and teaches nothing (the budgets stay while they serve)
+        self.poll_s = 0.0
+        self.polls = 0
         #: oversubscribed: choose between the two ways of waiting (:data:`ONE_YIELD`,
         #: :data:`YIELD_POLL`) by the time per call each gave lately (:meth:`_epoch`)
         self.adapt = adapt and oversubscribed
@@ -121,6 +130,8 @@ class WaitPolicy:
             budget = SPIN_CAP_S
         self._budget = budget
         self.spin_s = 0.0 if self.oversubscribed or hits < _HIT_MIN else budget
+        poll = self.poll_s
+        self.polls = int(self.spin_s / poll) if poll > 0.0 else 0
         # yield for a few typical responses, at least as long as a spin would be
         y = 4.0 * resp
         self.yield_s = (
