@@ -76,3 +76,20 @@ def test_adaptive_wait_is_off_with_a_core_per_rank() -> None:
     state = [1.0, 0.0]
     _epochs(p, {ONE_YIELD: 100e-6, YIELD_POLL: 30e-6}, 10, state)
     assert p.arm == ONE_YIELD and p.yields > 1  # the ordinary yield budget, unchanged
+
+
+def test_inline_polls_cover_the_spin_budget_and_vanish_where_spinning_does_not_pay() -> None:
+    p = WaitPolicy(oversubscribed=False)
+    assert p.polls == 0  # the poll cost is unknown until the caller measured it
+    p.poll_s = 1e-7
+    for _ in range(50):
+        p.observe(5e-6)
+    assert p.polls == int(p.spin_s / p.poll_s) > 0
+    for _ in range(50):  # slow peers: no spinning, so no inline polls either
+        p.observe(1e-3)
+    assert p.spin_s == 0.0 and p.polls == 0
+    q = WaitPolicy(oversubscribed=True)
+    q.poll_s = 1e-7
+    for _ in range(20):
+        q.observe(1e-6)
+    assert q.polls == 0

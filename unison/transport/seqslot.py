@@ -311,15 +311,15 @@ class SeqSlots:
         if self._my_sleepers.value:
             self._my_sleepers.value = 0
             futex.wake(self._my_addr, 1 << 20)
+        n = policy.polls  # the spin phase, inline, for all peers (0: spinning does not pay)
         for seq in self._peer_seqs:
             if (seq.value - k) & _MASK > 1:
-                n = polls = policy.polls  # the spin phase, inline (0: spinning does not pay)
                 while n:
                     if (seq.value - k) & _MASK <= 1:
                         break
                     n -= 1
                 else:
-                    seqwait.wait(self, k, sig, timeout, policy, polls > 0)
+                    seqwait.wait(self, k, sig, timeout, policy, policy.polls > 0)
                     break
         self._k = k
         for q, theirs in self._peer_heads[h]:
