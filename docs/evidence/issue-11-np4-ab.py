@@ -10,7 +10,7 @@ Variants (set on every rank for a block, the same order everywhere; blocks alter
 
 Per variant and operation: [min, median] over blocks of the slowest rank's mean us per call,
 and medians per call and rank of voluntary / involuntary context switches, CPU us (this
-process), and futex sleeps (calls that reached the sleep phase).
+process), and futex sleeps (FUTEX_WAIT calls: a call may sleep more than once).
 
     unison run -np 4 python docs/evidence/issue-11-np4-ab.py      # N=500 calls, B=8 rounds
     N=2000 B=10 OPS=all_reduce unison run -np 4 python docs/evidence/issue-11-np4-ab.py
