@@ -212,6 +212,16 @@ KNOBS: tuple[Knob, ...] = (
         "0: sub-groups take the message-based algorithms",
     ),
     Knob(
+        "UNISON_WAIT_ADAPT",
+        "wait_adapt",
+        False,
+        _bool,
+        "where a host's ranks outnumber its cores, a small collective's wait chooses between "
+        "one sched_yield before sleeping on the futex and yield-polling, by the time per call "
+        "each gave lately (off by default: under load it did not beat one yield then the "
+        "futex; docs/evidence/issue-11-latency.md, round 5)",
+    ),
+    Knob(
         "UNISON_LOG_LEVEL",
         "log_level",
         "WARNING",
@@ -374,6 +384,7 @@ class Config:
     small_bytes: int = 4096
     group_slots: int = 8
     group_arena_bytes: int = 1 << 20
+    wait_adapt: bool = False
     log_level: str = "WARNING"
     bind_addr: str = ""
     network_interface: str = ""

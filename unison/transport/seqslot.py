@@ -16,7 +16,7 @@ published ``k − 1``, which a peer does only after it finished reading call
 apart and a peer's ``seq`` is always ``k`` or ``k + 1`` once it has arrived.
 
 Waiting follows :class:`~.wait_policy.WaitPolicy` (spin, then ``sched_yield``,
-then sleep on the peer's ``seq`` futex); every wait has a deadline and ends in
+then sleep on the peer's ``seq`` futex: :mod:`.seqwait`); every wait has a deadline and ends in
 :class:`~unison.errors.CollectiveTimeoutError` naming the rank, the operation
 and the peers not heard from. Results are reduced in rank order, as the direct
 shared-memory algorithms do, so every rank ends bitwise identical.
@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -40,20 +38,16 @@ import numpy as np
 from .._types import ReduceOp
 from ..buffers import DType, finalize_average, from_numpy, kernel
 from ..errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError
-from . import futex
+from . import futex, seqwait
+from .seqwait import MASK as _MASK
+from .seqwait import fence_in as _fence_in
+from .seqwait import fence_out as _fence_out
 from .wait_policy import WaitPolicy
 
 __all__ = ["Plan", "SeqSlots", "SlotWatch", "region_bytes"]
 
 _HEAD = 64
 _HALF_HEAD = 16
-_MASK = 0xFFFFFFFF
-_SLEEP_S = 0.005  # a sleeping waiter re-checks this often (bounds a lost wake-up)
-# publish seq, then read sleepers: a store-load fence (an uncontended lock's acquire on
-# x86-64; the futex call fences the waiter's side; _SLEEP_S bounds a miss elsewhere)
-_FENCE = threading.Lock()
-_fence_in, _fence_out = _FENCE.acquire, _FENCE.release
-_CHECK_S = 0.001  # a waiter looks for failures elsewhere and its deadline this often
 
 _ALL_REDUCE, _BROADCAST, _ALL_GATHER, _REDUCE_SCATTER, _BARRIER = range(5)
 _NAMES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
@@ -120,6 +114,7 @@ class SeqSlots:
         *,
         alive: Callable[[], str | None] | None = None,
         oversubscribed: bool | None = None,
+        adapt: bool = False,
     ) -> None:
         self.rank, self.size, self.slot_bytes = rank, len(regions), slot_bytes
         need = region_bytes(slot_bytes)
@@ -127,8 +122,8 @@ class SeqSlots:
             raise InvalidArgumentError(f"every region needs {need} bytes")
         self._half = (region_bytes(slot_bytes) - _HEAD) // 2
         self._seq = [ctypes.c_uint32.from_buffer(r, 0) for r in regions]
-        self._sleepers = [ctypes.c_uint32.from_buffer(r, 4) for r in regions]
-        self._addr = [ctypes.addressof(s) for s in self._seq]
+        self.sleepers = [ctypes.c_uint32.from_buffer(r, 4) for r in regions]
+        self.addrs = [ctypes.addressof(s) for s in self._seq]
         self._bytes = [np.frombuffer(r, np.uint8, need) for r in regions]
         #: each rank's two half headers as signed 64-bit words: [signature, caller's key]
         offs = [_HEAD + h * self._half for h in (0, 1)]
@@ -141,17 +136,21 @@ class SeqSlots:
             except (AttributeError, OSError):
                 cores = os.cpu_count() or 1
             oversubscribed = self.size > cores
-        self.policy = WaitPolicy(oversubscribed)
+        #: ``adapt``: where ranks outnumber cores, choose between one yield before the
+        #: futex and yield-polling by the time per call each gives (UNISON_WAIT_ADAPT)
+        self.policy = WaitPolicy(oversubscribed, adapt)
         #: the waits of the large direct algorithms' round barriers (:meth:`barrier` with
         #: ``rounds``): a peer there is copying a whole chunk, so their waits are long and
         #: would teach :attr:`policy` (the small collectives') the wrong budgets
         self.round_policy = WaitPolicy(oversubscribed)
+        if not oversubscribed:
+            self.policy.poll_s = seqwait.poll_cost(self._seq[rank])
         self.peers = [q for q in range(self.size) if q != rank]
         # what every call touches, looked up once
-        self._my_seq, self._my_sleepers = self._seq[rank], self._sleepers[rank]
-        self._my_addr, self._my_heads = self._addr[rank], self._heads[rank]
+        self._my_seq, self._my_sleepers = self._seq[rank], self.sleepers[rank]
+        self._my_addr, self._my_heads = self.addrs[rank], self._heads[rank]
         self._peer_seqs = [self._seq[q] for q in self.peers]
-        self._peer_seq_items = [(q, self._seq[q]) for q in self.peers]
+        self.peer_seq_items = [(q, self._seq[q]) for q in self.peers]
         self._peer_heads = [[(q, self._heads[q][h]) for q in self.peers] for h in (0, 1)]
         #: set by the caller for the calls that follow (None: this module's own errors)
         self.watch: SlotWatch | None = None
@@ -312,10 +311,16 @@ class SeqSlots:
         if self._my_sleepers.value:
             self._my_sleepers.value = 0
             futex.wake(self._my_addr, 1 << 20)
+        n = policy.polls  # the spin phase, inline, for all peers (0: spinning does not pay)
         for seq in self._peer_seqs:
             if (seq.value - k) & _MASK > 1:
-                self._wait(k, sig, timeout, policy)
-                break
+                while n:
+                    if (seq.value - k) & _MASK <= 1:
+                        break
+                    n -= 1
+                else:
+                    seqwait.wait(self, k, sig, timeout, policy, policy.polls > 0)
+                    break
         self._k = k
         for q, theirs in self._peer_heads[h]:
             if theirs[0] != sig or theirs[1] != key:
@@ -337,46 +342,8 @@ class SeqSlots:
     def _arrived(self, q: int, k: int) -> bool:
         return ((self._seq[q].value - k) & _MASK) <= 1
 
-    def _wait(self, k: int, sig: int, timeout: float, policy: WaitPolicy) -> None:
-        """Until every peer published ``k``: spin, yield, then sleep; deadline-bound.
-
-        Only waits that had to wait get here (and teach ``policy``): a call whose
-        peers had all arrived returns from :meth:`_sync` without reading the clock."""
-        start = now = time.monotonic()
-        deadline = start + timeout
-        if self.patient:  # the caller expects a long wait: sleep at once, learn nothing
-            spin_end = yield_end = start
-        else:
-            spin_end = start + policy.spin_s
-            yield_end = spin_end + policy.yield_s
-        check_at = start + _CHECK_S
-        yields = policy.yields
-        blocked = False
-        for q, seq in self._peer_seq_items:  # all must arrive: wait for each in turn
-            n = 0
-            while (seq.value - k) & _MASK > 1:
-                n += 1
-                if now < spin_end:
-                    if n & 7 == 0:  # a few cheap polls between clock reads
-                        now = time.monotonic()
-                    continue
-                now = time.monotonic()
-                if now >= check_at:  # failures elsewhere, the deadline: now and then
-                    check_at = now + _CHECK_S
-                    self._check(k, sig, timeout, now >= deadline)
-                if now < yield_end and yields > 0:
-                    yields -= 1
-                    os.sched_yield()
-                    continue
-                blocked = True  # sleep until this peer publishes (or a bounded re-check)
-                seen = seq.value
-                self._sleepers[q].value = 1
-                if (seen - k) & _MASK > 1:
-                    futex.wait(self._addr[q], seen, min(_SLEEP_S, max(deadline - now, 1e-4)))
-        if not self.patient:
-            policy.observe(time.monotonic() - start, blocked)
-
-    def _check(self, k: int, sig: int, timeout: float, late: bool) -> None:
+    def check_failures(self, k: int, sig: int, timeout: float, late: bool) -> None:
+        """Raise if the call failed elsewhere, a peer is gone or (``late``) the deadline passed."""
         watch = self.watch
         if watch is not None:
             watch.check()
@@ -491,8 +458,12 @@ def _copy_from(root: int) -> _Finish:
     return copy
 
 
+#: numpy's concatenate without its __array_function__ dispatch (plain arrays only here)
+_concatenate = getattr(np.concatenate, "_implementation", np.concatenate)
+
+
 def _gather(srcs: list[np.ndarray], out: np.ndarray) -> None:
-    np.concatenate(srcs, out=out.reshape(-1))
+    _concatenate(srcs, out=out if out.ndim == 1 else out.reshape(-1))
 
 
 def _gather_list(srcs: list[np.ndarray], outs: Sequence[np.ndarray]) -> None:

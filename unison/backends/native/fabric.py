@@ -257,7 +257,7 @@ class Fabric:
             if small > 0 and len(self._small) == len(peers) + 1:
                 nb = region_bytes(small)
                 regions = [self._small[r][:nb] for r in range(len(peers) + 1)]
-                self.seqslots = SeqSlots(self.rank, regions, small)
+                self.seqslots = SeqSlots(self.rank, regions, small, adapt=self.config.wait_adapt)
         if log.isEnabledFor(10):  # DEBUG: the choice table every rank computes alike
             from ...algorithms.select import table
 
@@ -290,6 +290,7 @@ class Fabric:
             regions,
             world.slot_bytes,
             oversubscribed=world.policy.oversubscribed,  # the host's ranks, not the group's
+            adapt=self.config.wait_adapt,
         )
 
     def _garena_bytes(self) -> int:
