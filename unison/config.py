@@ -205,11 +205,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "UNISON_GROUP_ARENA_BYTES",
         "group_arena_bytes",
-        1 << 20,
+        8 << 20,
         _size,
         "per rank and per sub-group with a slot region (UNISON_GROUP_SLOTS): bytes of shared "
-        "memory the sub-group's direct shared-memory algorithms copy through (one host); "
-        "0: sub-groups take the message-based algorithms",
+        "memory the sub-group's direct shared-memory algorithms copy through (one host), "
+        "allocated in /dev/shm when the group is made (a group whose members cannot all "
+        "allocate theirs takes the message-based algorithms); 0: sub-groups take those",
     ),
     Knob(
         "UNISON_WAIT_ADAPT",
@@ -383,7 +384,7 @@ class Config:
     inline_send_bytes: int = 1 << 16
     small_bytes: int = 4096
     group_slots: int = 8
-    group_arena_bytes: int = 1 << 20
+    group_arena_bytes: int = 8 << 20
     wait_adapt: bool = False
     log_level: str = "WARNING"
     bind_addr: str = ""

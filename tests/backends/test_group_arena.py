@@ -2,7 +2,9 @@
 collectives run the direct shared-memory algorithms (rounds synchronised on the
 sub-group's slots), checked against the numpy oracle and, byte for byte, against the
 same calls on a group of the same ranks past the slot regions (the message-based
-algorithms); every call takes several rounds of the (default) 1 MiB arena."""
+algorithms); every call takes several rounds of a 1 MiB arena. A sub-group's arena is
+allocated in /dev/shm only when the group is made, and a group whose members cannot all
+allocate theirs takes the message-based algorithms."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from unison import ReduceOp
 from unison.testing import reduce_oracle, run_ranks, spawn
 from unison.world import current
 
-NBYTES = 3 << 19  # per rank: three rounds of the default arena (half of it per round)
+NBYTES = 3 << 19  # per rank: three rounds of a 1 MiB arena (half of it per round)
+ARENA = 1 << 20
 
 
 def _inp(q: int, n: int, dtype: type, salt: int) -> np.ndarray:
@@ -91,40 +94,98 @@ def test_sub_group_arena_matches_oracle_and_general_path() -> None:
     # round-sync cost (3 ranks on 2 cores: crowded); cheap syncs pinned make the choice
     # the same on every machine, and this test is about the arena path, not the choice
     env = {"UNISON_TIMEOUT": "60", "UNISON_SHM_SYNC": "1e-6", "UNISON_SHM_SYNC_CROWDED": "1e-6"}
+    env["UNISON_GROUP_ARENA_BYTES"] = str(ARENA)
     for bad in spawn(_worker, 3, timeout=120, env=env):
         assert bad == []
 
 
-def _tight_shm() -> list[object]:
-    """Rank 0's /dev/shm has no room for the sub-group arenas (its segment with them
-    fails to be created): every rank goes without them, and keeps shared memory."""
-    from unison.transport.shm_segment import Segment
-
-    real = Segment.create.__func__  # type: ignore[attr-defined]
-    limit = 12 << 20  # rings, the world's slot and the small slots fit; the arenas do not
-
-    def tight(cls: type, job_id: str, rank: int, size: int) -> Segment:
-        if un_rank == 0 and size > limit:
-            raise OSError(28, "No space left on device")
-        return real(cls, job_id, rank, size)  # type: ignore[no-any-return]
-
+def _allocated() -> int:
+    """Bytes of this rank's segment allocated in /dev/shm."""
     import os
 
-    un_rank = int(os.environ["UNISON_RANK"])
-    Segment.create = classmethod(tight)  # type: ignore[assignment, method-assign]
+    seg = current().fabric._own  # type: ignore[attr-defined]
+    return int(os.fstat(seg.fd).st_blocks) * 512
+
+
+def _on_use() -> list[object]:
+    """Set-up allocates the world's part of the segment only; making a sub-group with an
+    arena allocates that group's part on its members (not on the others), once."""
+    r = un.rank()
+    fabric = current().fabric  # type: ignore[attr-defined]
+    start = _allocated()
+    world_ok = start <= fabric._garena_at + 4096
+    g1 = un.new_group([0, 2])
+    after1 = _allocated()
+    n = NBYTES // 8 + 3
+    ins = [_inp(q, n, np.float64, 1) for q in (0, 2)]
+    if r in (0, 2):
+        x = ins[(0, 2).index(r)].copy()
+        un.all_reduce(x, group=g1)
+        if not np.array_equal(x, reduce_oracle(ins, ReduceOp.SUM)):
+            return ["wrong all_reduce"]
+    after_use = _allocated()
+    g2 = un.new_group([0, 1, 2])
+    after2 = _allocated()
+    un.barrier()
+    grew1, grew2 = after1 - start, after2 - after_use
+    has = [current().executors[g.id].topo.arena is not None for g in (g1, g2)]
+    return [world_ok, grew1, after_use - after1, grew2, has]
+
+
+def test_sub_group_arena_allocated_only_when_a_group_is_made() -> None:
+    env = {"UNISON_TIMEOUT": "60", "UNISON_GROUP_ARENA_BYTES": str(ARENA)}
+    outs = spawn(_on_use, 3, timeout=120, env=env)
+    for r, (world_ok, grew1, grew_use, grew2, has) in enumerate(outs):
+        assert world_ok, r
+        member = r != 1
+        assert (ARENA <= grew1 < 2 * ARENA) if member else grew1 == 0, (r, grew1)
+        assert grew_use == 0, (r, grew_use)  # using it touches nothing new
+        assert ARENA <= grew2 < 2 * ARENA, (r, grew2)
+        assert has == [member, True], (r, has)
+
+
+def _no_room() -> list[object]:
+    """Rank 0 cannot allocate its part of the first sub-group's arena (/dev/shm full):
+    no member uses that group's arena, its collectives take the message-based
+    algorithms and give the numpy oracle's result; a later group still gets one."""
+    import os
+
+    from unison.backends.native import fabric as fab
+
+    real = fab.allocate
+    me = int(os.environ["UNISON_RANK"])
+
+    def full(seg: object, offset: int, length: int, what: str) -> None:
+        if me == 0 and "group 1" in what:
+            raise OSError(28, "No space left on device")
+        real(seg, offset, length, what)  # type: ignore[arg-type]
+
+    fab.allocate = full  # type: ignore[assignment]
     un.init()
     rt = current()
+    before = _allocated()
     g = un.new_group([0, 1])
-    x = np.full(5, un.rank() + 1, np.int64)
+    grew = _allocated() - before
+    n = NBYTES // 4 + 7
+    ins = [_inp(q, n, np.float32, 3) for q in range(2)]
+    x = ins[un.rank()].copy()
     un.all_reduce(x, group=g)
+    ok = np.array_equal(x, reduce_oracle(ins, ReduceOp.SUM))
+    name = rt.choose("all_reduce", 2, x.nbytes, g).module.__name__
+    g2 = un.new_group([0, 1])
+    y = ins[un.rank()].copy()
+    un.all_reduce(y, group=g2)
+    ok2 = np.array_equal(y, reduce_oracle(ins, ReduceOp.SUM))
     got = [rt.fabric.shm is not None, rt.fabric.arena is not None]  # type: ignore[attr-defined]
-    got += [rt.executors[g.id].topo.arena is None, x.tolist()]
+    got += [rt.executors[g.id].topo.arena is None, "_shm" in name, ok, grew if me == 0 else 0]
+    got += [rt.executors[g2.id].topo.arena is not None, ok2]
     un.shutdown()
     return got
 
 
-def test_no_room_for_sub_group_arenas_keeps_shared_memory() -> None:
-    outs = run_ranks(_tight_shm, 2, init=False, env={"UNISON_TIMEOUT": "30"}, timeout=60)
+def test_no_room_for_a_sub_group_arena_takes_the_message_path() -> None:
+    env = {"UNISON_TIMEOUT": "30", "UNISON_GROUP_ARENA_BYTES": str(ARENA)}
+    outs = run_ranks(_no_room, 2, init=False, env=env, timeout=60)
     for o in outs:
         assert o.ok, o.describe()
-        assert o.value == [True, True, True, [3] * 5]
+        assert o.value == [True, True, True, False, True, 0, True, True]

@@ -57,11 +57,15 @@ def cleanup_job(job_id: str, directory: str = SHM_DIR) -> list[str]:
     return removed
 
 
-def reserve(fd: int, size: int, directory: str = SHM_DIR) -> None:
-    """Allocate the segment's pages now, so a short /dev/shm (Docker's default is 64 MB)
-    fails here with a clear error instead of SIGBUS in the middle of a collective."""
+def reserve(
+    fd: int, size: int, directory: str = SHM_DIR, offset: int = 0, what: str = "segment"
+) -> None:
+    """Allocate ``size`` bytes of the segment's pages from ``offset`` now, so a short
+    /dev/shm (Docker's default is 64 MB) fails here with a clear error instead of SIGBUS
+    in the middle of a collective. Pages allocated are not resident in any process until
+    touched."""
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.posix_fallocate(fd, offset, size)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
             if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
@@ -75,7 +79,7 @@ def reserve(fd: int, size: int, directory: str = SHM_DIR) -> None:
             free = "free space unknown"
         raise OSError(
             exc.errno,
-            f"{directory} is too small: this rank's shared-memory segment needs "
+            f"{directory} is too small: this rank's shared-memory {what} needs "
             f"{size / 2**20:.1f} MB ({free}); give the host or container more "
             "(e.g. docker run --shm-size=1g) or use TCP inside the host with "
             "UNISON_TRANSPORT=tcp",
@@ -105,30 +109,33 @@ def plan(peers: list[int], ring_bytes: int, slot_bytes: int) -> Layout:
 class Segment:
     """A mapped segment: created (and later unlinked) by its owner, attached by peers."""
 
-    def __init__(self, path: str, mm: mmap.mmap, owner: bool) -> None:
+    def __init__(self, path: str, mm: mmap.mmap, owner: bool, fd: int = -1) -> None:
         self.path = path
         self.mm = mm
         self.owner = owner
+        #: the owner's open file (kept after the unlink: :meth:`reserve` needs it); -1: none
+        self.fd = fd
         self.unlinked = not owner
         self.bell = ctypes.c_uint32.from_buffer(mm, 0)
         self.sleeping = ctypes.c_uint32.from_buffer(mm, 64)
         self.bell_addr = ctypes.addressof(self.bell)
 
     @classmethod
-    def create(cls, job_id: str, rank: int, size: int) -> Segment:
+    def create(cls, job_id: str, rank: int, size: int, reserved: int | None = None) -> Segment:
+        """A new segment of ``size`` bytes whose first ``reserved`` bytes (default: all)
+        are allocated now; the rest is allocated by :meth:`reserve` before first use."""
         name = f"{segment_prefix(job_id)}r{rank}-{os.getpid()}-{secrets.token_hex(4)}"
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
-            reserve(fd, size)
+            reserve(fd, size if reserved is None else min(size, reserved))
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             os.unlink(path)
             raise
-        os.close(fd)
-        return cls(path, mm, owner=True)
+        return cls(path, mm, owner=True, fd=fd)
 
     @classmethod
     def attach(cls, path: str, size: int) -> Segment:
@@ -148,6 +155,19 @@ class Segment:
 
     def view(self, offset: int, length: int) -> memoryview:
         return memoryview(self.mm)[offset : offset + length]
+
+    def reserve(self, offset: int, length: int, what: str = "segment") -> None:
+        """Allocate ``length`` bytes from ``offset`` (the owner only; OSError when
+        /dev/shm has no room); nothing in the range may be touched before this succeeded."""
+        if self.fd < 0:
+            raise OSError(f"{self.path}: only its owner can allocate its pages")
+        reserve(self.fd, length, offset=offset, what=what)
+
+    def close(self) -> None:
+        """Close the owner's file (the mapping stays valid)."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
     def unlink(self) -> None:
         """Remove the name (the owner only); mappings stay valid."""

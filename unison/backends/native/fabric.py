@@ -60,6 +60,12 @@ _FABRIC_GROUP = 0xFFFFFFFF  # group id of the fabric's own set-up messages
 _HELLO, _ACK, _SUMMARY = 1, 2, 3
 _MSG = 2048
 _GARENA_MIN = 4096  # a sub-group arena smaller than this is not worth its rounds
+_GARENA_TAG = 1 << 16  # + group id: the tag of a sub-group's arena agreement
+
+
+def allocate(seg: Segment, offset: int, length: int, what: str) -> None:
+    """Allocate a range of this rank's segment (a hook: tests make it fail)."""
+    seg.reserve(offset, length, what)
 
 
 class Fabric:
@@ -81,6 +87,8 @@ class Fabric:
         #: rank -> its sub-groups' arena regions (one per sub-group id 1 .. group_slots - 1)
         self._garena: dict[int, memoryview] = {}
         self._group_arenas: list[Arena] = []
+        self._own: Segment | None = None  # this rank's segment (it allocates its pages)
+        self._garena_at = 0  # where the sub-group arenas start in it
         #: the world's small-message slots (every rank on this host, shared memory)
         self.seqslots: SeqSlots | None = None
         self.host_of: dict[int, str] = {}  # rank -> host identity (hierarchical algorithms)
@@ -127,7 +135,12 @@ class Fabric:
         return (int(FrameKind.P2P), _FABRIC_GROUP, 0, tag)
 
     def _exchange(
-        self, peers: list[int], tag: int, make: dict[int, dict[str, object]], deadline: float
+        self,
+        peers: list[int],
+        tag: int,
+        make: dict[int, dict[str, object]],
+        deadline: float,
+        op: str = "init",
     ) -> dict[int, dict[str, object]]:
         """Send ``make[peer]`` to each peer and receive theirs (fixed-size JSON, over TCP)."""
         bufs = {p: np.zeros(_MSG, np.uint8) for p in peers}
@@ -141,9 +154,10 @@ class Fabric:
         got: dict[int, dict[str, object]] = {}
         for p, req in list(recvs.items()) + [(-1, s) for s in sends]:
             if not req.wait(max(0.0, deadline - time.monotonic())):
+                what = "the transport set-up" if op == "init" else "the shared-arena set-up"
                 raise CollectiveTimeoutError(
-                    f"init: rank {req.peer} did not answer the transport set-up",
-                    op="init",
+                    f"{op}: rank {req.peer} did not answer {what} (rank {self.rank})",
+                    op=op,
                     ranks=[req.peer],
                 )
             if p >= 0:
@@ -162,18 +176,16 @@ class Fabric:
         garena_off = small_off + (small_len + 63) // 64 * 64
         garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
         layout = plan(local, RING_BYTES, garena_off + garena_len)
-        if want and garena_len:  # a small /dev/shm: no sub-group arenas rather than no shm
+        # the sub-group arenas are mapped but not allocated: a group's members allocate
+        # theirs when it is made (group_arena), so unused ones cost no /dev/shm
+        self._garena_at = layout.slot_offset + garena_off
+        if want:
             try:
-                seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size)
+                seg = Segment.create(
+                    os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size, self._garena_at
+                )
                 self._segs.append(seg)
-            except OSError as exc:
-                log.info("no room for the sub-group arenas (%s); trying without", exc)
-                garena_len = 0  # the peers see it in the hello: none of them use one
-                layout = plan(local, RING_BYTES, garena_off)
-        if want and seg is None:
-            try:
-                seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size)
-                self._segs.append(seg)
+                self._own = seg
             except OSError as exc:
                 if forced:
                     raise UnsupportedError(f"shared memory unavailable: {exc}") from None
@@ -301,7 +313,14 @@ class Fabric:
     def group_arena(self, gid: int, ranks: Sequence[int]) -> Arena | None:
         """The shared arena of sub-group ``gid`` (global ``ranks``, sorted) for a member,
         or None: the same answer on every member (the job shares one host, every rank
-        mapped the same sub-group regions, the id has a slot region)."""
+        mapped the same sub-group regions, the id has a slot region, and every member
+        could allocate its part).
+
+        Called by every member when the group is made: each allocates its own part of
+        the group's arena in its segment (the pages are then resident nowhere until a
+        round touches them), then the members exchange whether that succeeded; nothing
+        touches the arena unless every member's part is allocated (no SIGBUS on a short
+        /dev/shm: the group takes the message-based algorithms instead)."""
         nb = self._garena_bytes()
         if (
             gid <= 0
@@ -313,6 +332,34 @@ class Fabric:
         ):
             return None
         off = (gid - 1) * nb
+        ok, why = True, ""
+        if self._own is not None:
+            try:
+                allocate(self._own, self._garena_at + off, nb, f"arena of group {gid}")
+            except OSError as exc:
+                ok, why = False, str(exc)
+        else:
+            ok, why = False, "no segment of its own"
+        peers = [r for r in ranks if r != self.rank]
+        deadline = time.monotonic() + self.config.timeout
+        try:
+            told = self._exchange(
+                peers, _GARENA_TAG + gid, {p: {"ok": ok} for p in peers}, deadline, "new_group"
+            )
+        except ValueError:  # an empty answer: the peer was lost; the group fails later
+            told = {}
+        lacking = sorted(
+            [r for r in peers if not told.get(r, {}).get("ok")] + ([] if ok else [self.rank])
+        )
+        if lacking:
+            log.info(
+                "group %d: no shared arena (ranks %s could not allocate theirs%s); its "
+                "large collectives take the message-based algorithms",
+                gid,
+                lacking,
+                f": {why}" if why else "",
+            )
+            return None
         arena = Arena(self.rank, {r: self._garena[r][off : off + nb] for r in ranks}, nb)
         self._group_arenas.append(arena)
         return arena
@@ -382,6 +429,8 @@ class Fabric:
         self._garena.clear()
         for seg in self._segs:
             seg.unlink()
+            seg.close()
+        self._own = None
 
 
 def ring_of_peer(hello: dict[str, object], rank: int) -> int:

@@ -76,6 +76,7 @@ class Runtime:
         self.op_hook: Callable[[Group, int, Any], None] | None = None
         self._next_gid = 1
         self._lock = threading.Lock()
+        self._making = threading.Lock()  # one group made at a time (see group())
         #: aborts that named a group this rank has not registered yet (a faster peer
         #: failed and said so before this rank finished start-up): gid -> (peer, info)
         self._parked: dict[int, list[tuple[int, dict[str, Any]]]] = {}
@@ -188,13 +189,25 @@ class Runtime:
 
     def group(self, gid: int, members: Sequence[int]) -> Group:
         """The group ``gid`` of global ``members`` (sorted), made with its executor on
-        first use; every rank that uses it passes the same id and members."""
+        first use; every rank that uses it passes the same id and members. The members
+        of a sub-group with an arena exchange one message here (:meth:`Fabric.group_arena`),
+        so they make their groups in the same order."""
         with self._lock:
             ex = self.executors.get(gid)
             if ex is not None:
                 return ex.group
+        with self._making:  # a sub-group's arena is agreed with its members: not under _lock
+            return self._make_group(gid, members)
+
+    def _make_group(self, gid: int, members: Sequence[int]) -> Group:
+        with self._lock:
+            ex = self.executors.get(gid)
+            if ex is not None:
+                return ex.group
+        topo = self._topology(gid, members)
+        with self._lock:
             g = Group(gid, members, self.rank, self.config, self.backend)
-            ex = Executor(self, g, self._topology(gid, g.ranks))
+            ex = Executor(self, g, topo)
             ex.slots = self.fabric.group_slots(gid, g.ranks)
             arena = ex.topo.arena
             if gid != 0 and arena is not None and ex.slots is not None:
