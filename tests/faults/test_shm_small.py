@@ -55,3 +55,35 @@ def test_small_dev_shm_is_a_clear_error_or_tcp(tmp_path: Path) -> None:
     assert "/dev/shm is too small" in r.stderr and "segment needs" in r.stderr, r.stderr
     assert "--shm-size" in r.stderr and "UNISON_TRANSPORT=tcp" in r.stderr
     assert auto.count("SUM OK") == 2, r.stdout + r.stderr  # the default falls back to TCP
+
+
+GROUP_SCRIPT = """
+import numpy as np, unison as un
+from unison.world import current
+un.init()
+g = un.new_group([0, 1])
+x = np.arange(3 << 20, dtype=np.float32) % 7 + un.rank()
+un.all_reduce(x, group=g)
+want = 2 * (np.arange(3 << 20, dtype=np.float32) % 7) + 1
+assert np.array_equal(x, want)
+arena = current().executors[g.id].topo.arena is not None
+print(f"GROUP OK arena={arena}", flush=True)
+"""
+
+
+@pytest.mark.skipif(WHY is not None, reason=str(WHY))
+def test_no_room_for_a_sub_group_arena_is_the_message_path(tmp_path: Path) -> None:
+    # a 28 MB /dev/shm holds both ranks' segments (their world parts, ~8.6 MB each) but
+    # not both parts of a sub-group's 8 MiB arena: no member uses it, no SIGBUS
+    script = tmp_path / "job.py"
+    script.write_text(GROUP_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), UNISON_LOG_LEVEL="INFO")
+    env["UNISON_GROUP_ARENA_BYTES"] = str(8 << 20)
+    run = f"{sys.executable} -m unison run -np 2 --timeout 30 {sys.executable} {script}"
+    both = f"mount -t tmpfs -o size=28m tmpfs /dev/shm && {run}"
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", both], capture_output=True, text=True, env=env, timeout=100
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("GROUP OK arena=False") == 2, r.stdout + r.stderr
+    assert "no shared arena" in r.stderr, r.stderr
