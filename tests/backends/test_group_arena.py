@@ -33,6 +33,8 @@ def _worker() -> list[str]:
     general = others[-1]  # the same ranks past the slot regions: no arena
     assert arena_group.id < n_slots <= general.id
     rt = current()
+    if r in members:  # a sub-group's arena is agreed before its first chosen algorithm
+        rt.choose("all_reduce", 2, 1 << 20, arena_group)
     topo, plain = rt.executors[arena_group.id].topo, rt.executors[general.id].topo
     bad: list[str] = []
     if r not in members:
@@ -128,6 +130,7 @@ def _on_use() -> list[object]:
     after2 = _allocated()
     un.barrier()
     grew1, grew2 = after1 - start, after2 - after_use
+    current().choose("all_reduce", 3, 1 << 20, g2)  # agrees on g2's arena
     has = [current().executors[g.id].topo.arena is not None for g in (g1, g2)]
     return [world_ok, grew1, after_use - after1, grew2, has]
 

@@ -29,7 +29,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -143,6 +143,12 @@ class Fabric:
         op: str = "init",
     ) -> dict[int, dict[str, object]]:
         """Send ``make[peer]`` to each peer and receive theirs (fixed-size JSON, over TCP)."""
+        return self._collect(self._post(peers, tag, make, deadline), deadline, op)
+
+    def _post(
+        self, peers: list[int], tag: int, make: dict[int, dict[str, object]], deadline: float
+    ) -> tuple[dict[int, np.ndarray], dict[int, Request], list[Request]]:
+        """Start an exchange: post the receives, then the sends (without waiting)."""
         bufs = {p: np.zeros(_MSG, np.uint8) for p in peers}
         recvs = {p: self.tcp.irecv(p, self._key(tag), bufs[p], OpSig()) for p in peers}
         sends = []
@@ -151,6 +157,16 @@ class Fabric:
             out = np.zeros(_MSG, np.uint8)
             out[: len(raw)] = np.frombuffer(raw, np.uint8)
             sends.append(self.tcp.isend(p, self._key(tag), out, OpSig(), deadline))
+        return bufs, recvs, sends
+
+    def _collect(
+        self,
+        posted: tuple[dict[int, np.ndarray], dict[int, Request], list[Request]],
+        deadline: float,
+        op: str,
+    ) -> dict[int, dict[str, object]]:
+        """Finish an exchange :meth:`_post` started: every peer's message."""
+        bufs, recvs, sends = posted
         got: dict[int, dict[str, object]] = {}
         for p, req in list(recvs.items()) + [(-1, s) for s in sends]:
             if not req.wait(max(0.0, deadline - time.monotonic())):
@@ -310,17 +326,21 @@ class Fabric:
         n = self.config.group_arena_bytes // 64 * 64
         return n if n >= _GARENA_MIN else 0
 
-    def group_arena(self, gid: int, ranks: Sequence[int]) -> Arena | None:
-        """The shared arena of sub-group ``gid`` (global ``ranks``, sorted) for a member,
-        or None: the same answer on every member (the job shares one host, every rank
-        mapped the same sub-group regions, the id has a slot region, and every member
-        could allocate its part).
+    def group_arena(self, gid: int, ranks: Sequence[int]) -> Callable[[float], Arena | None] | None:
+        """Start setting up the shared arena of sub-group ``gid`` (global ``ranks``,
+        sorted) for a member: None where it has none (the same answer on every member:
+        the job shares one host, every rank mapped the same sub-group regions, the id has
+        a slot region), else a function that gives the arena, or None, the same on every
+        member: whether every member could allocate its part.
 
         Called by every member when the group is made: each allocates its own part of
         the group's arena in its segment (the pages are then resident nowhere until a
-        round touches them), then the members exchange whether that succeeded; nothing
-        touches the arena unless every member's part is allocated (no SIGBUS on a short
-        /dev/shm: the group takes the message-based algorithms instead)."""
+        round touches them) and sends the others whether that succeeded, without waiting
+        (a member may make a group its peers never use: elastic joiners). The function
+        is called before the group's first collective that may choose an algorithm
+        (every member is then making, or has made, the group) and waits for the peers'
+        answers; nothing touches the arena unless every member's part is allocated (no
+        SIGBUS on a short /dev/shm: the group takes the message-based algorithms)."""
         nb = self._garena_bytes()
         if (
             gid <= 0
@@ -342,27 +362,30 @@ class Fabric:
             ok, why = False, "no segment of its own"
         peers = [r for r in ranks if r != self.rank]
         deadline = time.monotonic() + self.config.timeout
-        try:
-            told = self._exchange(
-                peers, _GARENA_TAG + gid, {p: {"ok": ok} for p in peers}, deadline, "new_group"
+        posted = self._post(peers, _GARENA_TAG + gid, {p: {"ok": ok} for p in peers}, deadline)
+
+        def resolve(deadline: float) -> Arena | None:
+            try:
+                told = self._collect(posted, deadline, "new_group")
+            except ValueError:  # an empty answer: the peer was lost; the group fails
+                told = {}
+            lacking = sorted(
+                [r for r in peers if not told.get(r, {}).get("ok")] + ([] if ok else [self.rank])
             )
-        except ValueError:  # an empty answer: the peer was lost; the group fails later
-            told = {}
-        lacking = sorted(
-            [r for r in peers if not told.get(r, {}).get("ok")] + ([] if ok else [self.rank])
-        )
-        if lacking:
-            log.info(
-                "group %d: no shared arena (ranks %s could not allocate theirs%s); its "
-                "large collectives take the message-based algorithms",
-                gid,
-                lacking,
-                f": {why}" if why else "",
-            )
-            return None
-        arena = Arena(self.rank, {r: self._garena[r][off : off + nb] for r in ranks}, nb)
-        self._group_arenas.append(arena)
-        return arena
+            if lacking:
+                log.info(
+                    "group %d: no shared arena (ranks %s could not allocate theirs%s); its "
+                    "large collectives take the message-based algorithms",
+                    gid,
+                    lacking,
+                    f": {why}" if why else "",
+                )
+                return None
+            arena = Arena(self.rank, {r: self._garena[r][off : off + nb] for r in ranks}, nb)
+            self._group_arenas.append(arena)
+            return arena
+
+        return resolve
 
     def link(self) -> Link:
         """The cost model's link, identical on every rank (agreed in :meth:`finish`)."""

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ...algorithms import Choice, Topology, choose
+from ...algorithms.shm_arena import Arena
 from ...bootstrap import advertise_address, connect_mesh
 from ...comm.group import Group, check_members
 from ...config import Config
@@ -77,6 +79,9 @@ class Runtime:
         self._next_gid = 1
         self._lock = threading.Lock()
         self._making = threading.Lock()  # one group made at a time (see group())
+        self._settling = threading.Lock()
+        #: sub-groups whose arena is still to be agreed (see _settle_arena)
+        self._arena_pending: dict[int, Callable[[float], Arena | None]] = {}
         #: aborts that named a group this rank has not registered yet (a faster peer
         #: failed and said so before this rank finished start-up): gid -> (peer, info)
         self._parked: dict[int, list[tuple[int, dict[str, Any]]]] = {}
@@ -153,8 +158,29 @@ class Runtime:
 
     def choose(self, coll: str, p: int, nbytes: int, group: Group | None = None) -> Choice:
         """The algorithm for ``coll`` on ``group`` (default: the world) of ``p`` ranks."""
-        topo = self.executors[0 if group is None else group.id].topo
-        return choose(coll, p, nbytes, topo, self.overrides)
+        gid = 0 if group is None else group.id
+        if self._arena_pending and gid in self._arena_pending:
+            self._settle_arena(gid)
+        return choose(coll, p, nbytes, self.executors[gid].topo, self.overrides)
+
+    def _settle_arena(self, gid: int) -> None:
+        """Before a sub-group's first collective that chooses an algorithm (in the same
+        place on every member): learn whether every member allocated its part of the
+        group's arena (:meth:`Fabric.group_arena`) and, if so, give the group the arena."""
+        with self._settling:
+            resolve = self._arena_pending.pop(gid, None)
+            if resolve is None:
+                return
+            arena = resolve(time.monotonic() + self.config.timeout)
+            if arena is None:
+                return
+            ex = self.executors[gid]
+            link = ex.topo.link
+            if isinstance(link, SharedLink):
+                link = replace(link, half=arena.half)  # the cost model's rounds are the arena's
+            if ex.slots is not None:
+                arena.sync_hook = arena_sync(self, ex.slots)  # rounds sync on its slots
+            ex.topo = replace(ex.topo, link=link, shared=True, arena=arena)
 
     def _topology(self, gid: int, ranks: Sequence[int]) -> Topology:
         """A group's topology, identical on every rank (from what the fabric agreed).
@@ -168,11 +194,12 @@ class Runtime:
         for g, r in enumerate(ranks):
             by_host.setdefault(host_of.get(r, ""), []).append(g)
         hosts = tuple(tuple(h) for h in by_host.values())
-        link = self.link
-        arena = self.fabric.arena if gid == 0 else self.fabric.group_arena(gid, ranks)
-        if arena is not None and gid != 0 and isinstance(link, SharedLink):
-            link = replace(link, half=arena.half)  # the cost model's rounds are this arena's
-        return Topology(link, shared=arena is not None, arena=arena, hosts=hosts)
+        arena = self.fabric.arena if gid == 0 else None
+        if gid != 0:  # a sub-group's arena is settled before its first chosen algorithm
+            resolve = self.fabric.group_arena(gid, ranks)
+            if resolve is not None:
+                self._arena_pending[gid] = resolve
+        return Topology(self.link, shared=arena is not None, arena=arena, hosts=hosts)
 
     # --- groups -------------------------------------------------------------------------------
     @property
@@ -190,8 +217,8 @@ class Runtime:
     def group(self, gid: int, members: Sequence[int]) -> Group:
         """The group ``gid`` of global ``members`` (sorted), made with its executor on
         first use; every rank that uses it passes the same id and members. The members
-        of a sub-group with an arena exchange one message here (:meth:`Fabric.group_arena`),
-        so they make their groups in the same order."""
+        of a sub-group with an arena allocate their part of it here and tell each other
+        (:meth:`Fabric.group_arena`); they agree before its first chosen algorithm."""
         with self._lock:
             ex = self.executors.get(gid)
             if ex is not None:
@@ -209,9 +236,6 @@ class Runtime:
             g = Group(gid, members, self.rank, self.config, self.backend)
             ex = Executor(self, g, topo)
             ex.slots = self.fabric.group_slots(gid, g.ranks)
-            arena = ex.topo.arena
-            if gid != 0 and arena is not None and ex.slots is not None:
-                arena.sync_hook = arena_sync(self, ex.slots)  # rounds sync on its slots
             if ex.slots is not None and not self.overrides:
                 # forced algorithms run at every size: no slots for them (see small.py)
                 ex.lane = g.lane = Lane(self, ex, ex.slots)
