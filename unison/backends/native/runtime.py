@@ -217,8 +217,8 @@ class Runtime:
     def group(self, gid: int, members: Sequence[int]) -> Group:
         """The group ``gid`` of global ``members`` (sorted), made with its executor on
         first use; every rank that uses it passes the same id and members. The members
-        of a sub-group with an arena allocate their part of it here and tell each other
-        (:meth:`Fabric.group_arena`); they agree before its first chosen algorithm."""
+        of a sub-group with an arena allocate their part of it and agree on it before its
+        first chosen algorithm (:meth:`Fabric.group_arena`)."""
         with self._lock:
             ex = self.executors.get(gid)
             if ex is not None:
