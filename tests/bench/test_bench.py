@@ -56,14 +56,32 @@ def test_bench_runs_checks_and_writes_json(tmp_path) -> None:  # type: ignore[no
     from unison.launch.cli import main
 
     out = tmp_path / "b.json"
-    argv = ["bench", "-np", "2", "--ops", "all_reduce,all_gather,sendrecv", "--sizes", "8,64K",
-            "--iters", "3", "--warmup", "1", "--compare", "nosuch"]  # fmt: skip
+    argv = ["bench", "-np", "2", "--ops", "all_reduce,all_gather,sendrecv,barrier", "--sizes",
+            "8,64K", "--iters", "3", "--warmup", "1", "--compare", "nosuch"]  # fmt: skip
     assert main(argv) == 2  # a usage error, not a traceback
     assert main([*argv[:-2], "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = [r for r in data["rows"] if r["impl"] == "unison"]
-    assert len(rows) == 6
+    assert len(rows) == 7  # a barrier has no payload: one row, of size 0
+    assert [(r["size"], r["count"]) for r in rows if r["op"] == "barrier"] == [(0, 0)]
     assert all(r["correct"] and r["time_us"] > 0 for r in rows)
     # what the timed calls cost the ranks besides the clock (getrusage, per call)
     assert all(r["cpu_us"] > 0 and r["vcsw"] >= 0 and r["ivcsw"] >= 0 for r in rows)
     assert data["meta"]["np"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_barrier_rows_for_every_peer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from unison.bench.cli import missing
+    from unison.launch.cli import main
+
+    peers = [p for p in ("gloo", "mpi") if missing(p) is None]
+    out = tmp_path / "b.json"
+    argv = ["bench", "-np", "2", "--ops", "barrier", "--sizes", "8,1M", "--iters", "5",
+            "--warmup", "1", "--json", str(out)]  # fmt: skip
+    if peers:
+        argv += ["--compare", ",".join(peers)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted(r["impl"] for r in rows) == sorted(["unison", *peers])
+    assert all(r["op"] == "barrier" and r["size"] == 0 and r["time_us"] > 0 for r in rows)

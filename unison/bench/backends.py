@@ -36,6 +36,8 @@ class Case:
         p, r = size, rank
         m = count // p if op in ("all_gather", "reduce_scatter", "all_to_all") else count
         self.count = m * p if op in ("all_gather", "reduce_scatter", "all_to_all") else m
+        if op == "barrier":  # no payload
+            m = self.count = 0
         self.nbytes = self.count * dtype.itemsize
         self.bufs: dict[str, np.ndarray] = {}
         if op in ("all_reduce", "broadcast"):
@@ -79,6 +81,9 @@ class Case:
 
     def check(self) -> str | None:
         """Run once on known inputs; None when every element is right, else what is wrong."""
+        if self.op == "barrier":  # nothing to check but that it returns
+            self.run()
+            return None
         name, want = self._fill()
         self.run()
         got = self.bufs[name]
@@ -139,6 +144,8 @@ class UnisonBackend(Backend):
             case.run = lambda: un.reduce_scatter_tensor(b["out"], b["inp"])
         elif op == "all_to_all":
             case.run = lambda: un.all_to_all_single(b["out"], b["inp"])
+        elif op == "barrier":
+            case.run = un.barrier
         else:
             if self.size < 2:
                 return "needs two ranks"
@@ -192,6 +199,8 @@ class GlooBackend(Backend):
             case.run = lambda: dist.reduce_scatter_tensor(t["out"], t["inp"])
         elif op == "all_to_all":
             case.run = lambda: dist.all_to_all_single(t["out"], t["inp"])
+        elif op == "barrier":
+            case.run = dist.barrier
         else:
             if self.size < 2:
                 return "needs two ranks"
@@ -239,6 +248,8 @@ class MpiBackend(Backend):
             case.run = lambda: c.Reduce_scatter_block(b["inp"], b["out"])
         elif op == "all_to_all":
             case.run = lambda: c.Alltoall(b["inp"], b["out"])
+        elif op == "barrier":
+            case.run = c.Barrier
         else:
             if self.size < 2:
                 return "needs two ranks"

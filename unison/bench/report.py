@@ -27,7 +27,8 @@ def _cell(row: dict[str, Any] | None) -> tuple[str, str, str]:
 
 def table(rows: Sequence[dict[str, Any]], impls: Sequence[str], np_: int) -> str:
     """One block per operation: size, count, then time/algbw/busbw per implementation and
-    the ratios of unison's bus bandwidth to each peer's (>1: unison is faster)."""
+    the ratios of unison's speed to each peer's, the peer's time over unison's (>1: unison
+    is faster; for a row with a payload the same as the ratio of bus bandwidths)."""
     by = {(r["impl"], r["op"], r["size"]): r for r in rows}
     ops = list(dict.fromkeys(r["op"] for r in rows))
     peers = [i for i in impls if i != "unison"]
@@ -50,8 +51,8 @@ def table(rows: Sequence[dict[str, Any]], impls: Sequence[str], np_: int) -> str
             u = by.get(("unison", op, s))
             for peer in peers:
                 q = by.get((peer, op, s))
-                ok = u and q and "busbw" in u and "busbw" in q and q["busbw"] > 0
-                ratio = f"{u['busbw'] / q['busbw']:.2f}" if ok and u and q else "-"
+                ok = u and q and "time_us" in u and "time_us" in q and u["time_us"] > 0
+                ratio = f"{q['time_us'] / u['time_us']:.2f}" if ok and u and q else "-"
                 line += f" | {ratio:>7}"
             out.append(line)
         out.append("")
@@ -70,7 +71,9 @@ def plot(path: str, rows: Sequence[dict[str, Any]], impls: Sequence[str], np_: i
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ops = list(dict.fromkeys(r["op"] for r in rows))
+    ops = list(dict.fromkeys(r["op"] for r in rows if r["op"] != "barrier"))  # no payload
+    if not ops:
+        return
     fig, axes = plt.subplots(len(ops), 2, figsize=(11, 3.2 * len(ops)), squeeze=False)
     for i, op in enumerate(ops):
         bw_ax, lat_ax = axes[i]

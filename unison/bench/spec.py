@@ -5,7 +5,8 @@ an all-gather, the input of a reduce-scatter, one rank's send buffer of an
 all-to-all. ``algbw = size / time``; ``busbw = algbw × factor`` with the factor
 below (2(n−1)/n for all-reduce, (n−1)/n for all-gather, reduce-scatter and
 all-to-all, 1 for broadcast and send/recv), so bus bandwidth compares across
-world sizes.
+world sizes. A barrier carries no payload: it is measured once per run, as a row of
+size 0 (its time is the figure; no bandwidth).
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from ..errors import InvalidArgumentError
 
 __all__ = ["DTYPES", "OPS", "BenchSpec", "bus_factor", "default_iters", "parse_sizes"]
 
-OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "sendrecv")
+OPS = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "sendrecv",
+    "barrier",
+)
 DTYPES = ("float32", "float64", "float16", "int32", "int64")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
