@@ -209,9 +209,8 @@ KNOBS: tuple[Knob, ...] = (
         _size,
         "per rank and per sub-group with a slot region (UNISON_GROUP_SLOTS): bytes of shared "
         "memory the sub-group's direct shared-memory algorithms copy through (one host), "
-        "allocated in /dev/shm before its first collective that chooses an algorithm (a group "
-        "whose members cannot all allocate theirs takes the message-based algorithms); "
-        "0: sub-groups take those",
+        "allocated in /dev/shm when the group is made (a group whose members cannot all "
+        "allocate theirs takes the message-based algorithms); 0: sub-groups take those",
     ),
     Knob(
         "UNISON_WAIT_ADAPT",

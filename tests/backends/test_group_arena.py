@@ -3,9 +3,8 @@ collectives run the direct shared-memory algorithms (rounds synchronised on the
 sub-group's slots), checked against the numpy oracle and, byte for byte, against the
 same calls on a group of the same ranks past the slot regions (the message-based
 algorithms); every call takes several rounds of a 1 MiB arena. A sub-group's arena is
-allocated in /dev/shm only before its first collective that chooses an algorithm (a
-group that never runs one takes none), and a group whose members cannot all allocate
-theirs takes the message-based algorithms."""
+allocated in /dev/shm only when the group is made, and a group whose members cannot all
+allocate theirs takes the message-based algorithms."""
 
 from __future__ import annotations
 
@@ -112,53 +111,40 @@ def _allocated() -> int:
 
 def _on_use() -> list[object]:
     """Set-up allocates the world's part of the segment only; making a sub-group with an
-    arena allocates nothing; its first collective that chooses an algorithm allocates the
-    group's part on its members (not on the others), once; small collectives (the lane)
-    never do."""
+    arena allocates that group's part on its members (not on the others), once."""
     r = un.rank()
     fabric = current().fabric  # type: ignore[attr-defined]
     start = _allocated()
     world_ok = start <= fabric._garena_at + 4096
     g1 = un.new_group([0, 2])
-    small = np.ones(2, np.float32)
-    if r in (0, 2):
-        un.all_reduce(small, group=g1)  # the lane: no algorithm chosen
-    after_made = _allocated()
+    after1 = _allocated()
     n = NBYTES // 8 + 3
     ins = [_inp(q, n, np.float64, 1) for q in (0, 2)]
-    wrong = []
-    for _ in range(2):
-        if r in (0, 2):
-            x = ins[(0, 2).index(r)].copy()
-            un.all_reduce(x, group=g1)
-            if not np.array_equal(x, reduce_oracle(ins, ReduceOp.SUM)):
-                wrong.append("wrong all_reduce")
-        if _ == 0:
-            after_use = _allocated()
-    again = _allocated() - after_use
+    if r in (0, 2):
+        x = ins[(0, 2).index(r)].copy()
+        un.all_reduce(x, group=g1)
+        if not np.array_equal(x, reduce_oracle(ins, ReduceOp.SUM)):
+            return ["wrong all_reduce"]
+    after_use = _allocated()
     g2 = un.new_group([0, 1, 2])
     after2 = _allocated()
     un.barrier()
+    grew1, grew2 = after1 - start, after2 - after_use
     current().choose("all_reduce", 3, 1 << 20, g2)  # agrees on g2's arena
-    after_choose = _allocated()
     has = [current().executors[g.id].topo.arena is not None for g in (g1, g2)]
-    grew = [after_made - start, after_use - after_made, again, after2 - after_use]
-    return [world_ok, *grew, after_choose - after2, has, wrong]
+    return [world_ok, grew1, after_use - after1, grew2, has]
 
 
-def test_sub_group_arena_allocated_before_its_first_chosen_algorithm() -> None:
+def test_sub_group_arena_allocated_only_when_a_group_is_made() -> None:
     env = {"UNISON_TIMEOUT": "60", "UNISON_GROUP_ARENA_BYTES": str(ARENA)}
     outs = spawn(_on_use, 3, timeout=120, env=env)
-    for r, (world_ok, made, used, again, made2, chose2, has, wrong) in enumerate(outs):
+    for r, (world_ok, grew1, grew_use, grew2, has) in enumerate(outs):
         assert world_ok, r
         member = r != 1
-        assert made == 0, (r, made)  # making it and small collectives: nothing
-        assert (ARENA <= used < 2 * ARENA) if member else used == 0, (r, used)
-        assert again == 0, (r, again)  # once
-        assert made2 == 0, (r, made2)
-        assert ARENA <= chose2 < 2 * ARENA, (r, chose2)
+        assert (ARENA <= grew1 < 2 * ARENA) if member else grew1 == 0, (r, grew1)
+        assert grew_use == 0, (r, grew_use)  # using it touches nothing new
+        assert ARENA <= grew2 < 2 * ARENA, (r, grew2)
         assert has == [member, True], (r, has)
-        assert wrong == [], (r, wrong)
 
 
 def _no_room() -> list[object]:

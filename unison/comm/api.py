@@ -115,7 +115,7 @@ def new_group(ranks: Sequence[int] | None = None) -> Group:
     """Create a group of ``ranks`` (global ranks). Every rank of the world must call it,
     in the same order, as in torch.distributed; non-members get a group they cannot use.
     On one host the members of one of the first sub-groups (``UNISON_GROUP_SLOTS``) reserve
-    its shared arena before its first collective that chooses an algorithm."""
+    its shared arena when they make it."""
     return current().new_group(ranks)
 
 

@@ -136,9 +136,21 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _control_group(members: list[int]) -> _un.Group:
+    """The set's negotiation group: only small collectives and point-to-point messages
+    run on it, so on unison's own engine it reserves no shared arena (no /dev/shm)."""
+    from ..backends.native.runtime import Runtime
+    from ..world import current
+
+    rt = current()
+    if isinstance(rt, Runtime):
+        return rt.new_group(members, arena=False)
+    return _un.new_group(members)
+
+
 def _make_engine(ps: ProcessSet) -> None:
     members = ps._members()
-    ctl = _un.new_group(members)
+    ctl = _control_group(members)
     data = _un.new_group(members)
     if _un.rank() in members:
         assert _S.settings is not None

@@ -193,8 +193,7 @@ class Fabric:
         garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
         layout = plan(local, RING_BYTES, garena_off + garena_len)
         # the sub-group arenas are mapped but not allocated: a group's members allocate
-        # theirs before its first chosen algorithm (group_arena), so unused ones cost no
-        # /dev/shm
+        # theirs when it is made (group_arena), so unused ones cost no /dev/shm
         self._garena_at = layout.slot_offset + garena_off
         if want:
             try:
@@ -334,15 +333,14 @@ class Fabric:
         a slot region), else a function that gives the arena, or None, the same on every
         member: whether every member could allocate its part.
 
-        Called by every member when the group is made; the function is called before the
-        group's first collective that may choose an algorithm (every member reaches that
-        call in the same place). Only then does each member allocate its own part of the
-        group's arena in its segment, tell the others whether that succeeded and wait for
-        their answers, so a group that never runs a chosen algorithm (the Horovod API's
-        negotiation group, a group of elastic joiners their peers never use) takes no
-        /dev/shm at all. Nothing touches the arena unless every member's part is
-        allocated (no SIGBUS on a short /dev/shm: the group takes the message-based
-        algorithms)."""
+        Called by every member when the group is made: each allocates its own part of
+        the group's arena in its segment (the pages are then resident nowhere until a
+        round touches them) and sends the others whether that succeeded, without waiting
+        (a member may make a group its peers never use: elastic joiners). The function
+        is called before the group's first collective that may choose an algorithm
+        (every member is then making, or has made, the group) and waits for the peers'
+        answers; nothing touches the arena unless every member's part is allocated (no
+        SIGBUS on a short /dev/shm: the group takes the message-based algorithms)."""
         nb = self._garena_bytes()
         if (
             gid <= 0
@@ -354,18 +352,19 @@ class Fabric:
         ):
             return None
         off = (gid - 1) * nb
+        ok, why = True, ""
+        if self._own is not None:
+            try:
+                allocate(self._own, self._garena_at + off, nb, f"arena of group {gid}")
+            except OSError as exc:
+                ok, why = False, str(exc)
+        else:
+            ok, why = False, "no segment of its own"
         peers = [r for r in ranks if r != self.rank]
+        deadline = time.monotonic() + self.config.timeout
+        posted = self._post(peers, _GARENA_TAG + gid, {p: {"ok": ok} for p in peers}, deadline)
 
         def resolve(deadline: float) -> Arena | None:
-            ok, why = True, ""
-            if self._own is not None:
-                try:
-                    allocate(self._own, self._garena_at + off, nb, f"arena of group {gid}")
-                except OSError as exc:
-                    ok, why = False, str(exc)
-            else:
-                ok, why = False, "no segment of its own"
-            posted = self._post(peers, _GARENA_TAG + gid, {p: {"ok": ok} for p in peers}, deadline)
             try:
                 told = self._collect(posted, deadline, "new_group")
             except ValueError:  # an empty answer: the peer was lost; the group fails

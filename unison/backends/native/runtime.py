@@ -182,20 +182,21 @@ class Runtime:
                 arena.sync_hook = arena_sync(self, ex.slots)  # rounds sync on its slots
             ex.topo = replace(ex.topo, link=link, shared=True, arena=arena)
 
-    def _topology(self, gid: int, ranks: Sequence[int]) -> Topology:
+    def _topology(self, gid: int, ranks: Sequence[int], own_arena: bool = True) -> Topology:
         """A group's topology, identical on every rank (from what the fabric agreed).
 
         The world and the sub-groups with a slot region (``UNISON_GROUP_SLOTS``) get a
         shared arena on one host (a sub-group's own, ``UNISON_GROUP_ARENA_BYTES`` per
         rank, its rounds in its ``half``): their operations run one at a time, in the
-        same order on every member, so the direct shared-memory algorithms apply."""
+        same order on every member, so the direct shared-memory algorithms apply
+        (``own_arena=False``: a sub-group that never gets one)."""
         host_of = self.fabric.host_of
         by_host: dict[str, list[int]] = {}
         for g, r in enumerate(ranks):
             by_host.setdefault(host_of.get(r, ""), []).append(g)
         hosts = tuple(tuple(h) for h in by_host.values())
         arena = self.fabric.arena if gid == 0 else None
-        if gid != 0:  # a sub-group's arena is settled before its first chosen algorithm
+        if gid != 0 and own_arena:  # a sub-group's arena: settled before its first chosen algorithm
             resolve = self.fabric.group_arena(gid, ranks)
             if resolve is not None:
                 self._arena_pending[gid] = resolve
@@ -207,31 +208,34 @@ class Runtime:
         """Every group of this runtime, by id."""
         return {gid: ex.group for gid, ex in list(self.executors.items())}
 
-    def new_group(self, ranks: Sequence[int] | None) -> Group:
+    def new_group(self, ranks: Sequence[int] | None, *, arena: bool = True) -> Group:
+        """A new sub-group (every rank calls it, in the same order). ``arena=False``: it
+        never gets a shared arena, for a group whose collectives are all small (the
+        Horovod API's negotiation group): no /dev/shm reserved for it."""
         members = check_members(ranks, self.size)
         with self._lock:
             gid = self._next_gid
             self._next_gid += 1
-        return self.group(gid, members)
+        return self.group(gid, members, arena=arena)
 
-    def group(self, gid: int, members: Sequence[int]) -> Group:
+    def group(self, gid: int, members: Sequence[int], *, arena: bool = True) -> Group:
         """The group ``gid`` of global ``members`` (sorted), made with its executor on
         first use; every rank that uses it passes the same id and members. The members
-        of a sub-group with an arena allocate their part of it and agree on it before its
-        first chosen algorithm (:meth:`Fabric.group_arena`)."""
+        of a sub-group with an arena allocate their part of it here and tell each other
+        (:meth:`Fabric.group_arena`); they agree before its first chosen algorithm."""
         with self._lock:
             ex = self.executors.get(gid)
             if ex is not None:
                 return ex.group
         with self._making:  # a sub-group's arena is agreed with its members: not under _lock
-            return self._make_group(gid, members)
+            return self._make_group(gid, members, arena)
 
-    def _make_group(self, gid: int, members: Sequence[int]) -> Group:
+    def _make_group(self, gid: int, members: Sequence[int], arena: bool = True) -> Group:
         with self._lock:
             ex = self.executors.get(gid)
             if ex is not None:
                 return ex.group
-        topo = self._topology(gid, members)
+        topo = self._topology(gid, members, arena)
         with self._lock:
             g = Group(gid, members, self.rank, self.config, self.backend)
             ex = Executor(self, g, topo)
