@@ -26,3 +26,6 @@ step np2-run2 unison bench -np 2 $B8 --json "$OUT/np2-run2.json"
 step np4-run2 unison bench -np 4 $B8 --json "$OUT/np4-run2.json"
 step trainab unison run -np 2 python docs/evidence/issue-11-hvd-train-ab.py 30
 step np4ab env N=2000 B=10 WHO=1 unison run -np 4 python docs/evidence/issue-11-np4-ab.py
+# third pass (after the bench learnt the barrier): the 8-byte barrier against the peers
+step barrier2 unison bench -np 2 --ops barrier --sizes 8 --compare gloo,mpi --json "$OUT/barrier2.json"
+step barrier4 unison bench -np 4 --ops barrier --sizes 8 --compare gloo,mpi --json "$OUT/barrier4.json"
