@@ -192,3 +192,32 @@ def test_no_room_for_a_sub_group_arena_takes_the_message_path() -> None:
     for o in outs:
         assert o.ok, o.describe()
         assert o.value == [True, True, True, False, True, 0, True, True]
+
+
+def _late_member() -> list[object]:
+    """Rank 1 is slow to make the sub-group (it has not made it when rank 0's first large
+    collective on it must agree on the arena): rank 0 gets a timeout that names the
+    collective and the late rank, after UNISON_TIMEOUT, not a hang."""
+    import time
+
+    if un.rank() == 1:
+        time.sleep(6)  # past rank 0's deadline (UNISON_TIMEOUT=2)
+        return ["slept"]
+    g = un.new_group([0, 1])
+    x = np.ones(NBYTES // 4, np.float32)
+    t = time.monotonic()
+    try:
+        un.all_reduce(x, group=g)
+    except un.CollectiveTimeoutError as exc:
+        return [type(exc).__name__, str(exc), exc.ranks, round(time.monotonic() - t)]
+    return ["no error"]
+
+
+def test_member_that_never_makes_the_group_is_a_timeout_naming_the_collective() -> None:
+    env = {"UNISON_TIMEOUT": "2", "UNISON_GROUP_ARENA_BYTES": str(ARENA)}
+    outs = spawn(_late_member, 2, timeout=60, env=env)
+    name, text, ranks, waited = outs[0]
+    assert name == "CollectiveTimeoutError", outs[0]
+    assert text.startswith("all_reduce: rank 1 did not answer the shared-arena set-up"), text
+    assert list(ranks) == [1] and waited <= 4, outs[0]
+    assert outs[1] == ["slept"]

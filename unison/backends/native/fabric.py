@@ -326,7 +326,9 @@ class Fabric:
         n = self.config.group_arena_bytes // 64 * 64
         return n if n >= _GARENA_MIN else 0
 
-    def group_arena(self, gid: int, ranks: Sequence[int]) -> Callable[[float], Arena | None] | None:
+    def group_arena(
+        self, gid: int, ranks: Sequence[int]
+    ) -> Callable[[float, str], Arena | None] | None:
         """Start setting up the shared arena of sub-group ``gid`` (global ``ranks``,
         sorted) for a member: None where it has none (the same answer on every member:
         the job shares one host, every rank mapped the same sub-group regions, the id has
@@ -338,9 +340,10 @@ class Fabric:
         round touches them) and sends the others whether that succeeded, without waiting
         (a member may make a group its peers never use: elastic joiners). The function
         is called before the group's first collective that may choose an algorithm
-        (every member is then making, or has made, the group) and waits for the peers'
-        answers; nothing touches the arena unless every member's part is allocated (no
-        SIGBUS on a short /dev/shm: the group takes the message-based algorithms)."""
+        (every member is then making, or has made, the group), with its deadline and the
+        collective's name for errors, and waits for the peers' answers; nothing touches
+        the arena unless every member's part is allocated (no SIGBUS on a short
+        /dev/shm: the group takes the message-based algorithms)."""
         nb = self._garena_bytes()
         if (
             gid <= 0
@@ -364,9 +367,9 @@ class Fabric:
         deadline = time.monotonic() + self.config.timeout
         posted = self._post(peers, _GARENA_TAG + gid, {p: {"ok": ok} for p in peers}, deadline)
 
-        def resolve(deadline: float) -> Arena | None:
+        def resolve(deadline: float, op: str) -> Arena | None:
             try:
-                told = self._collect(posted, deadline, "new_group")
+                told = self._collect(posted, deadline, op)
             except ValueError:  # an empty answer: the peer was lost; the group fails
                 told = {}
             lacking = sorted(

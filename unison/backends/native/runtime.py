@@ -81,7 +81,7 @@ class Runtime:
         self._making = threading.Lock()  # one group made at a time (see group())
         self._settling = threading.Lock()
         #: sub-groups whose arena is still to be agreed (see _settle_arena)
-        self._arena_pending: dict[int, Callable[[float], Arena | None]] = {}
+        self._arena_pending: dict[int, Callable[[float, str], Arena | None]] = {}
         #: aborts that named a group this rank has not registered yet (a faster peer
         #: failed and said so before this rank finished start-up): gid -> (peer, info)
         self._parked: dict[int, list[tuple[int, dict[str, Any]]]] = {}
@@ -160,10 +160,10 @@ class Runtime:
         """The algorithm for ``coll`` on ``group`` (default: the world) of ``p`` ranks."""
         gid = 0 if group is None else group.id
         if self._arena_pending and gid in self._arena_pending:
-            self._settle_arena(gid)
+            self._settle_arena(gid, coll)
         return choose(coll, p, nbytes, self.executors[gid].topo, self.overrides)
 
-    def _settle_arena(self, gid: int) -> None:
+    def _settle_arena(self, gid: int, coll: str) -> None:
         """Before a sub-group's first collective that chooses an algorithm (in the same
         place on every member): learn whether every member allocated its part of the
         group's arena (:meth:`Fabric.group_arena`) and, if so, give the group the arena."""
@@ -171,7 +171,7 @@ class Runtime:
             resolve = self._arena_pending.pop(gid, None)
             if resolve is None:
                 return
-            arena = resolve(time.monotonic() + self.config.timeout)
+            arena = resolve(time.monotonic() + self.config.timeout, coll)
             if arena is None:
                 return
             ex = self.executors[gid]
