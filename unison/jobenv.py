@@ -36,6 +36,7 @@ from .jobdir import derived_store_path
 from .log import get_logger
 
 __all__ = [
+    "usable_cores",
     "FAILURE_KEY",
     "JobInfo",
     "detect_job",
@@ -490,3 +491,12 @@ def detect_job(
         job_id=job_id,
         host_store=host_store and addr is not None,
     )
+
+
+def usable_cores() -> int:
+    """The number of processor cores this process may run on (its affinity mask where
+    the platform has one, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

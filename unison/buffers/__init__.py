@@ -3,7 +3,16 @@
 from .adapters import Buffer, as_buffer, is_torch_tensor
 from .copy import copy_into
 from .dtypes import DType, from_numpy
-from .reduce import Kernel, check_op, finalize_average, kernel
+from .reduce import (
+    Kernel,
+    Reducer,
+    check_op,
+    finalize_average,
+    kernel,
+    reduce_and_scale,
+    reducer,
+    scale_in_place,
+)
 
 __all__ = [
     "Buffer",
@@ -16,4 +25,8 @@ __all__ = [
     "from_numpy",
     "is_torch_tensor",
     "kernel",
+    "reduce_and_scale",
+    "reducer",
+    "scale_in_place",
+    "Reducer",
 ]

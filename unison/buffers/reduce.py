@@ -1,4 +1,12 @@
-"""Reduction kernels: numpy ufuncs writing into preallocated buffers (``out=``).
+"""The one reduce-and-scale rule: reduce in rank order, then scale.
+
+:func:`reduce_and_scale` (and :func:`reducer`, the same made once per signature for
+hot paths) is how every engine of unison combines the ranks' blocks: ``parts[0] op
+parts[1] op ...`` in rank order (the same bytes on every rank), then AVG divides by
+the number of parts, then an optional factor scales the result; integers are divided
+and scaled with truncation toward zero; numpy's floating-point warnings are silenced.
+
+Underneath are the reduction kernels: numpy ufuncs writing into preallocated buffers (``out=``).
 
 A kernel is ``kernel(a, b, out)`` computing ``out = a (op) b`` elementwise on
 storage-typed 1-D arrays; ``out`` may alias ``a``. No array is allocated per call
@@ -14,7 +22,7 @@ where that hook is missing it falls back to ``np.errstate``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,9 +31,20 @@ from .._types import ReduceOp
 from ..errors import InvalidArgumentError
 from .dtypes import DType
 
-__all__ = ["Kernel", "check_op", "finalize_average", "kernel"]
+__all__ = [
+    "Kernel",
+    "Reducer",
+    "check_op",
+    "finalize_average",
+    "kernel",
+    "reduce_and_scale",
+    "reducer",
+    "scale_in_place",
+]
 
 Kernel = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+#: ``reducer(parts, out)``: ``out`` = the parts reduced in rank order (see :func:`reducer`)
+Reducer = Callable[[Sequence[np.ndarray], np.ndarray], None]
 
 _UFUNC = {
     ReduceOp.SUM: np.add,
@@ -143,3 +162,77 @@ def finalize_average(arr: np.ndarray, dtype: DType, size: int) -> None:
         np.abs(arr, out=arr)
         np.floor_divide(arr, size, out=arr)
         np.negative(arr, out=arr, where=neg)
+
+
+def reducer(op: ReduceOp, dtype: DType, parts: int) -> Reducer:
+    """``run(srcs, out)``: ``out`` = ``srcs[0] op srcs[1] op ...`` in rank order, AVG then
+    divided by ``parts`` (integers truncated toward zero). Made once per call signature
+    (the hot paths keep it); ``len(srcs) == parts``; ``out`` may be ``srcs[0]`` itself,
+    not a later block. Validates ``op`` for ``dtype`` (:func:`check_op`)."""
+    kern = kernel(op, dtype)
+    if parts == 1:
+
+        def one(srcs: Sequence[np.ndarray], out: np.ndarray) -> None:
+            if out is not srcs[0]:
+                out[...] = srcs[0]
+
+        return one
+    if parts == 2 and op is not ReduceOp.AVG:
+
+        def two(srcs: Sequence[np.ndarray], out: np.ndarray) -> None:
+            kern(srcs[0], srcs[1], out)
+
+        return two
+
+    def many(srcs: Sequence[np.ndarray], out: np.ndarray) -> None:
+        kern(srcs[0], srcs[1], out)
+        for s in srcs[2:]:
+            kern(out, s, out)
+        if op is ReduceOp.AVG:
+            finalize_average(out.reshape(-1), dtype, parts)
+
+    return many
+
+
+def scale_in_place(arr: np.ndarray, dtype: DType, factor: float) -> None:
+    """Multiply ``arr`` by ``factor`` in place: floats directly (warnings silenced),
+    integers in float64 and truncated toward zero; bool is left as it is."""
+    if factor == 1.0 or arr.size == 0 or dtype is DType.BOOL:
+        return
+    if dtype is DType.BFLOAT16:
+        import torch
+
+        torch.from_numpy(arr).view(torch.bfloat16).mul_(factor)
+    elif dtype.is_floating:
+        _silent(np.multiply)(arr, arr.dtype.type(factor), arr)
+    else:
+        scaled = arr.astype(np.float64) * factor
+        np.trunc(scaled, out=scaled)
+        arr[...] = scaled.astype(arr.dtype)  # C semantics of a truncating cast
+
+
+def reduce_and_scale(
+    parts: Sequence[np.ndarray],
+    out: np.ndarray,
+    op: ReduceOp,
+    dtype: DType | None = None,
+    scale: float = 1.0,
+) -> None:
+    """``out`` = ``parts`` reduced in rank order (AVG: divided by ``len(parts)``), then
+    multiplied by ``scale`` (:func:`scale_in_place`). ``parts`` are equal-shaped arrays
+    of one dtype (``dtype``: what they hold, default from their numpy dtype; give
+    ``DType.BFLOAT16`` for bfloat16 storage); ``out`` may be ``parts[0]``."""
+    if not parts:
+        raise InvalidArgumentError("reduce_and_scale needs at least one part")
+    dt = dtype if dtype is not None else _dtype_of(parts[0])
+    reducer(ReduceOp(op), dt, len(parts))(parts, out)
+    scale_in_place(out, dt, scale)
+
+
+def _dtype_of(arr: np.ndarray) -> DType:
+    from .dtypes import from_numpy
+
+    dt = from_numpy(arr.dtype)
+    if dt is None:
+        raise InvalidArgumentError(f"reduce_and_scale: unsupported dtype {arr.dtype}")
+    return dt

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..jobenv import usable_cores
 from . import probe
 
 __all__ = [
@@ -172,16 +173,9 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def host_key() -> dict[str, Any]:
     """What the cached model is valid for: CPU model, usable cores, unison version."""
-    return {"cpu": _cpu_model(), "cores": _cores(), "unison": __version__}
+    return {"cpu": _cpu_model(), "cores": usable_cores(), "unison": __version__}
 
 
 def cache_path(env: Mapping[str, str] | None = None) -> Path | None:

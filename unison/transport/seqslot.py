@@ -29,15 +29,15 @@ bytecode (with its own memory barriers around the GIL) between the two.
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from .._types import ReduceOp
-from ..buffers import DType, finalize_average, from_numpy, kernel
+from ..buffers import DType, from_numpy, reducer
 from ..errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError
+from ..jobenv import usable_cores
 from . import futex, seqwait
 from .seqwait import MASK as _MASK
 from .seqwait import fence_in as _fence_in
@@ -131,11 +131,7 @@ class SeqSlots:
         self._k = self._seq[rank].value
         self._alive = alive
         if oversubscribed is None:
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except (AttributeError, OSError):
-                cores = os.cpu_count() or 1
-            oversubscribed = self.size > cores
+            oversubscribed = self.size > usable_cores()
         #: ``adapt``: where ranks outnumber cores, choose between one yield before the
         #: futex and yield-polling by the time per call each gives (UNISON_WAIT_ADAPT)
         self.policy = WaitPolicy(oversubscribed, adapt)
@@ -179,31 +175,6 @@ class SeqSlots:
             self._payload(q, h, off + nb)[off:].view(dtype).reshape(shape) for q in range(self.size)
         ]
 
-    def _reducer(self, op: ReduceOp, dt: DType) -> _Finish:
-        """``out`` = every rank's block reduced in rank order (the same bytes everywhere)."""
-        kern, size = kernel(op, dt), self.size
-        if size == 1:
-
-            def one(srcs: list[np.ndarray], out: np.ndarray) -> None:
-                out[...] = srcs[0]
-
-            return one
-        if size == 2 and op is not ReduceOp.AVG:
-
-            def two(srcs: list[np.ndarray], out: np.ndarray) -> None:
-                kern(srcs[0], srcs[1], out)
-
-            return two
-
-        def many(srcs: list[np.ndarray], out: np.ndarray) -> None:
-            kern(srcs[0], srcs[1], out)
-            for s in srcs[2:]:
-                kern(out, s, out)
-            if op is ReduceOp.AVG:
-                finalize_average(out.reshape(-1), dt, size)
-
-        return many
-
     def plan(
         self,
         name: str,
@@ -234,7 +205,7 @@ class SeqSlots:
             total = (count * self.size,)
             mine = tuple(self._views(h, 0, count * self.size, dtype, total)[me] for h in halves)
             srcs = tuple(self._views(h, me * nbytes, count, dtype, shape) for h in halves)
-            finish = self._reducer(op, dt)
+            finish = reducer(op, dt, self.size)
             sig = _sig(kind, op, dt, nbytes * self.size, 0)
         else:
             srcs = tuple(
@@ -243,7 +214,7 @@ class SeqSlots:
             )
             mine = tuple(self._views(h, 0, count, dtype, shape)[me] for h in halves)
             if kind == _ALL_REDUCE:
-                finish = self._reducer(op, dt)
+                finish = reducer(op, dt, self.size)
             elif kind == _BROADCAST:
                 if me != root:
                     mine = None

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import PeerLostError
+from ..jobenv import usable_cores
 from ..log import get_logger
 from . import futex
 from .base import Events, Key, MatchingTransport, PeerInfo
@@ -50,13 +51,6 @@ _HDR = HEADER.size
 _SMALL = 4096  # frames up to this size go into the ring with one copy, whole
 _IDLE_S = 0.05  # the sleeping progress thread re-checks this often (lost-wake bound)
 _ENTER_S = 0.002  # idle this long before the progress thread takes the doorbell
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class ShmRequest(Request):
@@ -151,7 +145,7 @@ class ShmTransport(MatchingTransport):
         self._kick = False
         self._last_active = time.monotonic()
         self._closing = False
-        self.wait_policy = WaitPolicy(oversubscribed=local_size > _cores())
+        self.wait_policy = WaitPolicy(oversubscribed=local_size > usable_cores())
         self._thread: threading.Thread | None = None
         #: rewrites each outgoing header (fault injection in tests); None normally
         self.send_hook: Callable[[int, bytes], bytes] | None = None
