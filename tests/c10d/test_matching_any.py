@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from unison.transport.framing import OpSig
+from unison._types import OpSig
 from unison.transport.matching import ANY_SOURCE, Matcher, Unexpected
 from unison.transport.request import Request
 

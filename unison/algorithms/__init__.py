@@ -5,8 +5,8 @@ movement uses an :class:`OpContext`; :mod:`.select` picks one per call by cost.
 """
 
 from ..link import Link
-from ._context import OpCode, OpContext, describe
+from ._context import OpContext, describe
 from .select import REGISTRY, Choice, choose
 from .topology import Topology
 
-__all__ = ["REGISTRY", "Choice", "Link", "OpCode", "OpContext", "Topology", "choose", "describe"]
+__all__ = ["REGISTRY", "Choice", "Link", "OpContext", "Topology", "choose", "describe"]

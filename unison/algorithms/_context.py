@@ -8,7 +8,6 @@ turns transport failures into errors that name the operation and the ranks.
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .._types import ReduceOp
+from .._types import OpCode, OpSig, ReduceOp
 from ..buffers import DType
 from ..errors import (
     AbortedError,
@@ -25,32 +24,13 @@ from ..errors import (
     MismatchError,
 )
 from ..link import Link
-from ..transport.framing import FrameKind, OpSig
+from ..transport.framing import FrameKind
 from ..transport.request import Request
 from .topology import Topology
 
 __all__ = ["OpCode", "OpContext", "Router", "describe"]
 
 _NO_TOPOLOGY = Topology(Link())  # contexts made outside a runtime (tests): no slots
-
-
-class OpCode(enum.IntEnum):
-    P2P = 1
-    BROADCAST = 2
-    ALL_REDUCE = 3
-    REDUCE = 4
-    ALL_GATHER = 5
-    GATHER = 6
-    SCATTER = 7
-    REDUCE_SCATTER = 8
-    ALL_TO_ALL = 9
-    BARRIER = 10
-    OBJECT = 11
-    CHECK = 12  # the signature confirmation that follows rooted collectives
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
 
 
 def describe(sig: OpSig) -> str:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..algorithms import OpCode, describe
+from .._types import OpCode, OpSig
+from ..algorithms import describe
 from ..buffers import Buffer, DType
 from ..errors import AbortedError, CollectiveTimeoutError, CommunicationError, MismatchError
-from ..transport.framing import OpSig
 
 if TYPE_CHECKING:
     from .group import Group

@@ -8,6 +8,14 @@ engine (unison's own transports and algorithms) is the default; the ``mpi`` and
 
 A backend sees group ranks for roots, global ranks for p2p peers and flat numpy
 views (:class:`unison.buffers.Buffer`) for buffers.
+
+An engine may also give a group an optional fast entry, :class:`CallerThreadCollectives`,
+when it makes the group: blocking small collectives it runs in the caller's thread
+(no Work, no queue). The shared layer validates a call's signature once, asks the
+entry to :meth:`~CallerThreadCollectives.prepare` it, keeps the prepared call by
+signature (:class:`CallerThread`) and later calls
+:meth:`~CallerThreadCollectives.run` straight away; either may decline, and the call
+then takes the Backend method like any other.
 """
 
 from __future__ import annotations
@@ -17,14 +25,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .._types import ReduceOp
-from ..buffers import Buffer
+from .._types import OpCode, ReduceOp
+from ..buffers import Buffer, DType
 from .work import Work
 
 if TYPE_CHECKING:
     from .group import Group
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "CallerThread", "CallerThreadCollectives"]
 
 
 class Backend(Protocol):
@@ -105,3 +113,67 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the engine's resources (communicators, process groups)."""
+
+
+class CallerThreadCollectives(Protocol):
+    """An engine's blocking small collectives in the caller's thread (optional).
+
+    ``prepare`` gets a signature the shared layer has validated and returns the
+    engine's prepared call, or None when its path does not take such calls (too large,
+    an algorithm forced...): the same answer on every rank for one signature. ``run``
+    runs a prepared call now, or returns False having done nothing (something else of
+    the group is in flight, the group failed): the caller then takes the Backend path.
+    """
+
+    def prepare(
+        self,
+        op: OpCode,
+        arr: np.ndarray,
+        nbytes: int,
+        dtype: DType,
+        redop: ReduceOp | None = None,
+        root: int = -1,
+        gather_list: bool = False,
+    ) -> object | None:
+        """A call of ``op`` on buffers shaped as ``arr`` (all_reduce, broadcast: the
+        data; all_gather: the input; reduce_scatter: the output), ``nbytes`` on the
+        wire, reduced by ``redop``, rooted at global rank ``root``; ``gather_list``:
+        all_gather into a list of blocks."""
+
+    def run(self, call: object, inp: Any, out: Any) -> bool:
+        """Run ``call`` (from :meth:`prepare`) on ``inp`` into ``out``; False: declined."""
+
+
+class CallerThread:
+    """A group's :class:`CallerThreadCollectives` and the calls prepared for it, by
+    signature: a signature found here was validated when it was prepared, so the
+    shared layer checks only what can change between calls of one signature."""
+
+    __slots__ = ("calls", "entry", "run")
+
+    def __init__(self, entry: CallerThreadCollectives) -> None:
+        self.entry = entry
+        #: ``entry.run`` (one attribute load on the hot path)
+        self.run = entry.run
+        #: signature -> the prepared call (None: the entry does not take it)
+        self.calls: dict[tuple[Any, ...], object | None] = {}
+
+    def prepared(
+        self,
+        key: tuple[Any, ...],
+        op: OpCode,
+        arr: np.ndarray,
+        nbytes: int,
+        dtype: DType,
+        redop: ReduceOp | None = None,
+        root: int = -1,
+        gather_list: bool = False,
+    ) -> object | None:
+        """The prepared call of a validated signature ``key`` (made on first use)."""
+        calls = self.calls
+        if key in calls:
+            return calls[key]
+        if len(calls) > 512:
+            calls.clear()
+        call = calls[key] = self.entry.prepare(op, arr, nbytes, dtype, redop, root, gather_list)
+        return call

@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._types import ReduceOp
-from ..algorithms import OpCode
+from .._types import OpCode, ReduceOp
 from ..buffers import Buffer, as_buffer, check_op
 from ..errors import InvalidArgumentError
 from .agree import guard

@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._types import OpSig
 from ..backends.native.fabric import Fabric
 from ..errors import MismatchError, PeerLostError
-from ..transport.framing import FrameKind, OpSig
+from ..transport.framing import FrameKind
 from ..transport.request import Request
 
 __all__ = ["CASES", "EXPECTED", "fabric", "key", "payload"]

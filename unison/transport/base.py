@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._types import OpSig
 from ..errors import MismatchError
-from .framing import OpSig
 from .matching import Matcher, Unexpected
 from .request import Request
 

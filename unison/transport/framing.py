@@ -18,7 +18,9 @@ import enum
 import struct
 from typing import NamedTuple
 
-__all__ = ["HEADER", "MAGIC", "Frame", "FrameKind", "OpSig", "pack", "unpack"]
+from .._types import OpSig
+
+__all__ = ["HEADER", "MAGIC", "Frame", "FrameKind", "pack", "unpack"]
 
 MAGIC = 0x554E  # "UN"
 VERSION = 1
@@ -38,19 +40,6 @@ class Control(enum.IntEnum):
 
     GOODBYE = 1  # orderly shutdown: not a failure
     ABORT = 2  # payload: utf-8 JSON describing why an operation failed
-
-
-class OpSig(NamedTuple):
-    """What operation a frame belongs to, as seen by its sender.
-
-    (NamedTuples, not dataclasses: one is built for every frame received, and tuple
-    construction is several times cheaper.)"""
-
-    op: int = 0
-    dtype: int = 0
-    redop: int = 0
-    root: int = -1
-    count: int = 0  # type: ignore[assignment]  # shadows tuple.count, deliberately
 
 
 class Frame(NamedTuple):

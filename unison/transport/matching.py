@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .framing import OpSig
+from .._types import OpSig
 from .request import Request
 
 __all__ = ["ANY_SOURCE", "Matcher", "Unexpected"]

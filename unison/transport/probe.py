@@ -124,7 +124,8 @@ def rates(size: int) -> tuple[float, float, float]:
 
 
 def per_message_overhead() -> float:
-    from .framing import OpSig, pack, unpack
+    from .._types import OpSig
+    from .framing import pack, unpack
     from .matching import Matcher
     from .request import Request
 

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._completion import Completion
-from .framing import OpSig
+from .._types import OpSig
 
 __all__ = ["Request"]
 

@@ -32,12 +32,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._types import OpSig
 from ..errors import PeerLostError
 from ..jobenv import usable_cores
 from ..log import get_logger
 from . import futex
 from .base import Events, Key, MatchingTransport, PeerInfo
-from .framing import HEADER, FrameError, FrameKind, OpSig, pack, unpack
+from .framing import HEADER, FrameError, FrameKind, pack, unpack
 from .matching import Matcher, Unexpected
 from .request import Request
 from .shm_ring import Ring

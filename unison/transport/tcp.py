@@ -23,10 +23,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .._types import OpSig
 from ..errors import PeerLostError
 from ..log import get_logger
 from .base import Events, Key, MatchingTransport, PeerInfo
-from .framing import HEADER, Control, FrameError, FrameKind, OpSig, pack, unpack
+from .framing import HEADER, Control, FrameError, FrameKind, pack, unpack
 from .matching import Matcher, Unexpected
 from .request import Request
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._types import ReduceOp
-from ...algorithms import OpCode, OpContext, gather_scatter_linear
+from ..._types import OpCode, ReduceOp
+from ...algorithms import OpContext, gather_scatter_linear
 from ...algorithms import barrier_dissemination as barrier_algo
 from ...buffers import Buffer, finalize_average, kernel
 from .p2p import post_recv, post_send

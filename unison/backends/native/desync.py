@@ -22,12 +22,12 @@ from collections import defaultdict
 
 import numpy as np
 
-from ...algorithms import OpCode, OpContext, describe
+from ..._types import OpCode, OpSig
+from ...algorithms import OpContext, describe
 from ...algorithms import all_gather_ring as ag
 from ...algorithms import all_reduce_recursive_doubling as rd
 from ...algorithms._schedule import recursive_doubling_plan
 from ...errors import MismatchError
-from ...transport.framing import OpSig
 from ...transport.request import Request
 
 __all__ = ["ROOTED", "Confirmation", "foreign_frame_error", "sig_hash"]

@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...algorithms import OpCode, OpContext, Topology, describe
+from ..._types import OpCode, OpSig
+from ...algorithms import OpContext, Topology, describe
 from ...comm.group import Group
 from ...comm.work import Work
 from ...errors import AbortedError, CommunicationError, MismatchError
-from ...transport.framing import Control, OpSig
+from ...transport.framing import Control
 from .desync import ROOTED, Confirmation, foreign_frame_error
 from .ordered import OrderedQueue
 

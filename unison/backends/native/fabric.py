@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..._types import OpSig
 from ...algorithms import shm_arena
 from ...algorithms.shm_arena import Arena
 from ...config import ENV_JOB_ID, Config
@@ -41,7 +42,7 @@ from ...link import Link, shared_link, transport_link, two_level
 from ...log import get_logger
 from ...transport import cma
 from ...transport.base import Events, Key, PeerInfo, Transport
-from ...transport.framing import FrameKind, OpSig
+from ...transport.framing import FrameKind
 from ...transport.matching import ANY_SOURCE
 from ...transport.request import Request
 from ...transport.seqslot import SeqSlots, region_bytes

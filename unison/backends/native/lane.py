@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._types import ReduceOp
-from ...algorithms import OpCode, OpContext
+from ..._types import OpCode, ReduceOp
+from ...algorithms import OpContext
 from ...buffers import Buffer, DType, check_op, from_numpy
 from ...errors import CommunicationError, UnisonError
 from .desync import foreign_frame_error
 from .small import _key, _Watch
 
 if TYPE_CHECKING:
-    from ...transport.framing import OpSig
+    from ..._types import OpSig
     from ...transport.seqslot import Plan as SlotPlan
     from ...transport.seqslot import SeqSlots
     from .executor import Executor

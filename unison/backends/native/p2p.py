@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...algorithms import OpCode, describe
+from ..._types import OpCode, OpSig
+from ...algorithms import describe
 from ...buffers import Buffer
 from ...comm.work import Work
 from ...errors import CollectiveTimeoutError, CommunicationError, MismatchError
-from ...transport.framing import FrameKind, OpSig
+from ...transport.framing import FrameKind
 from ...transport.matching import ANY_SOURCE
 from ...transport.request import Request
 

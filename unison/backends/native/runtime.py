@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ..._types import OpSig
 from ...algorithms import Choice, Topology, choose
 from ...algorithms.shm_arena import Arena
 from ...bootstrap import advertise_address, connect_mesh
@@ -32,7 +33,6 @@ from ...link import SharedLink
 from ...log import get_logger
 from ...store import FileStore, Store, TCPStore, TCPStoreServer
 from ...transport.base import Events, Key, PeerInfo
-from ...transport.framing import OpSig
 from .backend import NativeBackend
 from .executor import Executor
 from .fabric import Fabric

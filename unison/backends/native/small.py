@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._types import ReduceOp
+from ..._types import OpSig, ReduceOp
 from ...algorithms import OpContext, describe
 from ...buffers import Buffer, DType
 from ...errors import CollectiveTimeoutError, CommunicationError, MismatchError
-from ...transport.framing import OpSig
 from ...transport.seqslot import SeqSlots
 
 if TYPE_CHECKING:
