@@ -234,6 +234,6 @@ def _retire_groups(rt: World) -> None:
         "or an elastic reset cannot be used after it: create them again after unison.init())"
     )
     for comm in groups.values():
-        comm._broken = NotInitializedError(why)  # every later use is refused with this
-    for gid, ex in list(getattr(rt, "executors", {}).items()):
-        ex.queue.name = f"group {gid} ({why})"
+        comm.retire(NotInitializedError(why))  # every later use is refused with this
+    for ex in list(getattr(rt, "executors", {}).values()):
+        ex.retire(why)

@@ -34,7 +34,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("backends", ("unison.backends",)),
     ("shared layer", ("unison.comm",)),
     ("algorithms", ("unison.algorithms",)),
-    ("transport", ("unison.transport", "unison.bootstrap", "unison.elastic")),
+    # how processes find each other and agree on a world: the peer mesh over the
+    # transports' handshake (bootstrap) and the elastic rounds in the store (elastic's
+    # worker side; its driver side is launch's)
+    ("rendezvous", ("unison.bootstrap", "unison.elastic")),
+    ("transport", ("unison.transport",)),
+    # a test tool the native runtime loads only when UNISON_FAULTS is set: above the
+    # base it uses (errors), below everything that may install it
+    ("fault injection (tests only)", ("unison.testing.faults",)),
     (
         "base",
         (
@@ -49,7 +56,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "unison._types",
             "unison._version",
             "unison._completion",
-            "unison.testing.faults",
         ),
     ),
 ]

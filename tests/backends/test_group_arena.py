@@ -85,7 +85,7 @@ def _worker() -> list[str]:
         want = reduce_oracle(whole, ReduceOp.SUM)[me * n : (me + 1) * n]
         if not np.array_equal(out, want) or out.tobytes() != ref_out.tobytes():
             bad.append(f"reduce_scatter {dtype.__name__}")
-    if topo.arena._round == 0:
+    if topo.arena.rounds_used == 0:
         bad.append("the sub-group's collectives never used its arena")
     un.barrier()
     return bad

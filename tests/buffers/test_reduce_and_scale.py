@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from unison import ReduceOp
-from unison.buffers import DType, reduce_and_scale, reducer
+from unison.buffers import DType, from_name, from_numpy, reduce_and_scale, reducer
 from unison.errors import InvalidArgumentError
 
 _UF = {
@@ -86,3 +86,14 @@ def test_reducer_made_once_is_reused() -> None:
         out = np.empty(37)
         run([q + k for q in parts], out)
         assert np.array_equal(out, np.sum(parts, axis=0) + 3 * k)
+
+
+def test_one_dtype_table_for_every_frameworks_names() -> None:
+    for code in DType:
+        assert from_name(code.label) is code
+        assert from_name(f"torch.{code.label}") is code
+    assert from_name("tf.float32") is DType.FLOAT32 and from_name("bool_") is DType.BOOL
+    assert from_name("torch.half") is DType.FLOAT16 and from_name("double") is DType.FLOAT64
+    assert from_name("complex64") is None and from_name("torch.qint8") is None
+    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8"):
+        assert from_name(name) is from_numpy(np.dtype(name))

@@ -19,8 +19,8 @@ def test_pushed_work_waits_for_another_thread_and_keeps_the_first_finish() -> No
 
     def finisher() -> None:
         go.wait(10)
-        w._finish("first")
-        w._finish("second", RuntimeError("late"))
+        w.finish("first")
+        w.finish("second", RuntimeError("late"))
 
     t = threading.Thread(target=finisher)
     t.start()
@@ -32,7 +32,7 @@ def test_pushed_work_waits_for_another_thread_and_keeps_the_first_finish() -> No
 
 def test_launch_runs_once_on_first_wait() -> None:
     starts: list[bool] = []
-    w = Work("op", lambda inline: (starts.append(inline), w._finish(7)))
+    w = Work("op", lambda inline: (starts.append(inline), w.finish(7)))
     assert w.wait() and w.result() == 7 and w.is_completed()
     assert starts == [False]
 
@@ -44,7 +44,7 @@ def test_polled_work_is_tested_until_done_and_raises_its_error() -> None:
         calls.append(budget)
         if len(calls) < 5:
             return False
-        work._finish(error=ValueError("engine said no"))
+        work.finish(error=ValueError("engine said no"))
         return True
 
     w = Work("polled", progress=progress, polled=True)
@@ -59,13 +59,13 @@ def test_polled_work_is_tested_until_done_and_raises_its_error() -> None:
 def test_joined_fails_with_the_first_error_or_gives_its_result() -> None:
     a, b = Work("a"), Work("b")
     j = joined("both", [a, b], result={"k": 1})
-    a._finish()
+    a.finish()
     assert not j.is_completed()
-    b._finish()
+    b.finish()
     assert j.result() == {"k": 1}
     c, d = Work("c"), Work("d")
-    c._finish(error=KeyError("c failed"))
-    d._finish()
+    c.finish(error=KeyError("c failed"))
+    d.finish()
     bad = joined("both", [c, d])
     with pytest.raises(KeyError, match="c failed"):
         bad.wait()
@@ -74,7 +74,7 @@ def test_joined_fails_with_the_first_error_or_gives_its_result() -> None:
 def test_wait_quiet_reports_completion_and_never_raises() -> None:
     w = Work("op")
     assert w.wait_quiet(0.01) is False  # nobody finished it: False, no timeout error
-    threading.Timer(0.05, lambda: w._finish(error=RuntimeError("engine said no"))).start()
+    threading.Timer(0.05, lambda: w.finish(error=RuntimeError("engine said no"))).start()
     assert w.wait_quiet(10) is True  # finished with an error: True, the error not raised
     assert w.wait_quiet(0) is True
     with pytest.raises(RuntimeError, match="engine said no"):

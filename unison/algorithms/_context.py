@@ -121,6 +121,11 @@ class OpContext:
         #: called on a timeout with the peers this rank waits for; returns the silent ones
         #: (and notes on what the silent ranks are doing instead, if known)
         self.diagnose: Callable[[OpContext, list[int]], tuple[list[int], list[str]]] | None = None
+        #: the barrier between the rounds of a direct shared-memory algorithm that the
+        #: engine gives the operation (on its shared slots: signature-checked, with this
+        #: operation's deadline and aborts); None: zero-byte messages
+        #: (:func:`unison.algorithms.shm_arena.sync`)
+        self.round_barrier: Callable[[OpContext, int], None] | None = None
         self._lock = threading.Lock()
         self._pending: list[Request] = []
         self._aborted: BaseException | None = None
@@ -137,29 +142,34 @@ class OpContext:
     def _key(self, step: int) -> tuple[int, int, int, int]:
         return (int(FrameKind.COLL), self.group_id, self.seq, self.tag_base + step)
 
-    def _track(self, req: Request) -> Request:
+    def track(self, req: Request) -> Request:
         with self._lock:
             if self._aborted is not None:
                 req.complete(self._aborted)
             self._pending.append(req)
         return req
 
-    def _raise_if_aborted(self) -> None:
+    @property
+    def aborted(self) -> BaseException | None:
+        """The failure that aborted this operation (another rank's, a lost peer), or None."""
+        return self._aborted
+
+    def raise_if_aborted(self) -> None:
         """Post nothing once the operation is known to have failed elsewhere."""
         if self._aborted is not None:
             raise self._aborted
 
     def isend(self, peer: int, step: int, arr: np.ndarray) -> Request:
-        self._raise_if_aborted()
-        return self._track(
+        self.raise_if_aborted()
+        return self.track(
             self.router.isend(
                 self.ranks[peer], self._key(step), _bytes(arr), self.sig, self.deadline
             )
         )
 
     def irecv(self, peer: int, step: int, arr: np.ndarray) -> Request:
-        self._raise_if_aborted()
-        return self._track(
+        self.raise_if_aborted()
+        return self.track(
             self.router.irecv(self.ranks[peer], self._key(step), _bytes(arr), self.sig)
         )
 
@@ -194,6 +204,12 @@ class OpContext:
 
     def _timeout_error(self, req: Request) -> CollectiveTimeoutError:
         waiting = sorted({r.peer for r in self._pending if not r.done()} | {req.peer})
+        return self.timeout_error(waiting)
+
+    # --- the errors' wording (every path of an operation words them here) --------------
+    def timeout_error(self, waiting: list[int]) -> CollectiveTimeoutError:
+        """This operation timed out waiting for global ranks ``waiting``: the error naming
+        the silent ones (:attr:`diagnose` tells them apart from ranks that also wait)."""
         silent, notes = self.diagnose(self, waiting) if self.diagnose else (waiting, [])
         me = self.ranks[self.rank]
         text = (
@@ -207,6 +223,22 @@ class OpContext:
         return CollectiveTimeoutError(
             text, op=self.op.label, seq=self.seq, group=self.group_id, ranks=silent
         )
+
+    def mismatch_error(self, peer: int, theirs: OpSig) -> MismatchError:
+        """Global rank ``peer`` called ``theirs`` where this rank called this operation."""
+        me = self.ranks[self.rank]
+        return MismatchError(
+            f"mismatched collective at {self.name}: rank {peer} called {describe(theirs)} "
+            f"but rank {me} called {describe(self.data_sig)}",
+            op=self.op.label,
+            seq=self.seq,
+            group=self.group_id,
+            ranks=(peer, me),
+        )
+
+    def local_failure(self, exc: BaseException) -> CommunicationError:
+        """The error peers are told when this rank's part failed with a non-unison ``exc``."""
+        return CommunicationError(f"{self.name} failed locally: {exc!r}")
 
     def named(self, exc: CommunicationError) -> CommunicationError:
         """``exc`` naming this operation: a failure learnt outside it (a lost peer, another
@@ -226,17 +258,10 @@ class OpContext:
         return err
 
     def _mismatch(self, req: Request, exc: MismatchError) -> MismatchError:
-        mine = describe(self.sig)
         if req.sender_sig is not None and req.sender_sig != self.sig:
-            theirs = describe(req.sender_sig)
-            text = (
-                f"mismatched collective at {self.name}: rank {req.peer} called {theirs} "
-                f"but rank {self.ranks[self.rank]} called {mine}"
-            )
-        else:
-            text = f"mismatched message sizes at {self.name} ({mine}): {exc}"
+            return self.mismatch_error(req.peer, req.sender_sig)
         return MismatchError(
-            text,
+            f"mismatched message sizes at {self.name} ({describe(self.sig)}): {exc}",
             op=self.op.label,
             seq=self.seq,
             group=self.group_id,

@@ -34,9 +34,10 @@ import numpy as np
 from ..errors import PeerLostError
 from ..link import Link, SharedLink, crowding
 from ..transport import cma
+from ..transport.arena import Arena
 from . import all_gather_ring, all_gather_shm
 from ._context import OpContext
-from .shm_arena import Arena, arena_of, sync, sync_cost
+from .shm_arena import arena_of, sync, sync_cost
 from .topology import Topology
 
 __all__ = ["NAME", "NEEDS", "cost", "run", "supports"]

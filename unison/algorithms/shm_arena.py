@@ -22,7 +22,9 @@ slot halves stay cached between the copy in and the reduction. A round touches o
 the pages it uses, so the resident shared memory of a large operation is what its
 rounds reach (2 × p round-lengths per rank), not the whole slot.
 
-Only the world group uses the slots (its operations run one at a time, in the
+The slots themselves (:class:`~unison.transport.arena.Arena`: mapped memory and the
+round counter) are the transport's; this module plans the rounds. Only the world
+group uses the slots (its operations run one at a time, in the
 same order on every rank): a group's :class:`~.topology.Topology` has them (and the
 direct algorithms' ``supports()`` says yes) only for the world of a one-host job.
 """
@@ -38,14 +40,13 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from ..link import SLOT_BYTES, Link, SharedLink, crowding, sync_at
+from ..transport.arena import Arena
 from ._context import OpContext
 from .topology import Topology
 
 __all__ = [
     "SHM_NEEDS",
-    "HEAD_BYTES",
     "SLOT_BYTES",
-    "Arena",
     "SharedLink",
     "arena_of",
     "crowding",
@@ -69,8 +70,6 @@ SHM_NEEDS = (
     "hosts) and the world group or a sub-group with its own arena (ids below "
     "UNISON_GROUP_SLOTS, UNISON_GROUP_ARENA_BYTES > 0)"
 )
-#: bytes at the end of every slot for its header words (outside both halves)
-HEAD_BYTES = 128
 
 
 #: a round's synchronisation may cost at most this share of the round's copies and
@@ -221,55 +220,6 @@ def sync_cost(p: int, link: Link) -> float:
     return 2 * (p - 1) * link.alpha
 
 
-class Arena:
-    """Every rank's slot, mapped here, and the job-wide round counter."""
-
-    def __init__(self, rank: int, slots: dict[int, memoryview], slot_bytes: int) -> None:
-        self.rank = rank
-        self.half = ((slot_bytes - HEAD_BYTES) // 2) // 64 * 64
-        self._slots = {r: np.frombuffer(mv, np.uint8) for r, mv in slots.items()}
-        #: each slot's header words (int64, at its end): what a direct algorithm
-        #: publishes besides data (its process id, a buffer's address, flags)
-        self.heads = {
-            r: a[slot_bytes - HEAD_BYTES : slot_bytes].view(np.int64)
-            for r, a in self._slots.items()
-        }
-        #: whether every rank may read every other's memory directly (cross-memory
-        #: attach), learnt on the first operation that asks; None: not yet known
-        self.cma: bool | None = None
-        self._round = 0
-        #: a cheaper synchronisation for :func:`sync` (the engine's shared sequence slots:
-        #: a signature-checked barrier with the operation's deadline and aborts); None:
-        #: zero-byte messages
-        self.sync_hook: Callable[[OpContext, int], None] | None = None
-
-    def next_half(self) -> int:
-        h = self._round % 2
-        self._round += 1
-        return h
-
-    def typed(self, rank: int, half: int, count: int, dtype: np.dtype) -> np.ndarray:
-        """``count`` elements of ``dtype`` at the start of ``rank``'s half ``half``."""
-        off = half * self.half
-        return self._slots[rank][off : off + count * dtype.itemsize].view(dtype)
-
-    def elems(self, dtype: np.dtype) -> int:
-        """Elements of ``dtype`` one half holds."""
-        return self.half // dtype.itemsize
-
-    def step(self, dtype: np.dtype, nbytes: int, total: int) -> int:
-        """Elements of ``dtype`` per round for ``total`` bytes in rounds of at most
-        ``nbytes`` (and at most a half): as many rounds as that needs, of equal length."""
-        cap = max(1, min(self.half, nbytes) // dtype.itemsize)
-        count = total // dtype.itemsize
-        k = max(1, -(-count // cap))
-        return max(1, -(-count // k))
-
-    def release(self) -> None:
-        self._slots.clear()
-        self.heads.clear()
-
-
 def arena_of(ctx: OpContext, algorithm: str) -> Arena:
     """The shared slots of this operation's group (its topology has them exactly when the
     algorithm's ``supports()`` said yes; the selector checked)."""
@@ -283,10 +233,12 @@ def arena_of(ctx: OpContext, algorithm: str) -> Arena:
 
 
 def sync(ctx: OpContext, step: int) -> None:
-    """Every rank tells every other it reached ``step`` and hears the same from them."""
-    arena = ctx.topo.arena
-    if arena is not None and arena.sync_hook is not None:
-        arena.sync_hook(ctx, step)
+    """Every rank tells every other it reached ``step`` and hears the same from them:
+    the barrier the engine gives the operation (:attr:`OpContext.round_barrier`), else
+    a zero-byte message to and from every peer."""
+    barrier = ctx.round_barrier
+    if barrier is not None:
+        barrier(ctx, step)
         ctx.all_pairs_checked = True  # every rank compared every rank's signature
         return
     peers = [q for q in range(ctx.size) if q != ctx.rank]

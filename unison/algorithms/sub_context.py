@@ -38,12 +38,13 @@ class SubContext(OpContext):
         )
         self.parent = parent
         self.diagnose = parent.diagnose
+        self.round_barrier = parent.round_barrier
 
-    def _track(self, req: Request) -> Request:
-        return self.parent._track(req)
+    def track(self, req: Request) -> Request:
+        return self.parent.track(req)
 
-    def _raise_if_aborted(self) -> None:
-        self.parent._raise_if_aborted()
+    def raise_if_aborted(self) -> None:
+        self.parent.raise_if_aborted()
 
     def reset_pending(self) -> None:
         self.parent.reset_pending()
@@ -52,6 +53,7 @@ class SubContext(OpContext):
         try:
             super().wait(*reqs)
         except CommunicationError:
-            if self.parent._aborted is not None:  # the root cause beats its consequences
-                raise self.parent._aborted from None
+            aborted = self.parent.aborted
+            if aborted is not None:  # the root cause beats its consequences
+                raise aborted from None
             raise

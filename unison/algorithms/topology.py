@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..link import Link, SharedLink, TwoLevelLink
 
 if TYPE_CHECKING:
-    from .shm_arena import Arena
+    from ..transport.arena import Arena
 
 __all__ = ["Topology"]
 

@@ -81,16 +81,16 @@ def poll_work(
     def fail(work: Work, exc: BaseException) -> None:
         if on_error is not None and not isinstance(exc, UnsupportedError):
             on_error(exc)
-        work._finish(error=exc)
+        work.finish(error=exc)
 
     def progress(work: Work, budget: float | None) -> bool:
-        if budget is None and block is not None and not work._done:
+        if budget is None and block is not None and not work.finished:
             try:
                 block()
             except BaseException:
                 pass  # test() raises it again, translated, below
         with lock:
-            if work._done:
+            if work.finished:
                 return True
             try:
                 if not test():
@@ -107,11 +107,11 @@ def poll_work(
                 if source is not None:
                     work.source = source()
             except UnisonError as exc:
-                work._finish(error=exc)
+                work.finish(error=exc)
             except BaseException as exc:
                 fail(work, translate(exc))
             else:
-                work._finish(result)
+                work.finish(result)
             return True
 
     return Work(name, progress=progress, polled=True)

@@ -2,7 +2,7 @@
 
 from .adapters import Buffer, as_buffer, is_torch_tensor
 from .copy import copy_into
-from .dtypes import DType, from_numpy
+from .dtypes import DType, from_name, from_numpy
 from .reduce import (
     Kernel,
     Reducer,
@@ -22,6 +22,7 @@ __all__ = [
     "copy_into",
     "check_op",
     "finalize_average",
+    "from_name",
     "from_numpy",
     "is_torch_tensor",
     "kernel",

@@ -10,7 +10,7 @@ import enum
 
 import numpy as np
 
-__all__ = ["DType", "from_numpy"]
+__all__ = ["DType", "from_name", "from_numpy"]
 
 
 class DType(enum.IntEnum):
@@ -73,3 +73,17 @@ def from_numpy(dtype: np.dtype) -> DType | None:
     if not dtype.isnative:
         return None
     return _FROM_NUMPY.get(np.dtype(dtype))
+
+
+def from_name(name: str) -> DType | None:
+    """The unison dtype named ``name`` (its :attr:`DType.label`, e.g. ``"float32"``,
+    ``"bfloat16"``; a framework's prefix such as ``"torch."`` or ``"tf."`` is ignored),
+    or None: one table for every framework's dtype names."""
+    label = name.rpartition(".")[2].lower()
+    label = {"bool_": "bool", "half": "float16", "float": "float32", "double": "float64"}.get(
+        label, label
+    )
+    try:
+        return DType[label.upper()]
+    except KeyError:
+        return None

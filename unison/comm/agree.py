@@ -59,7 +59,7 @@ def agree(comm: Group, sig: OpSig) -> None:
     table = np.empty((comm.size, len(sig)), np.int64)
     try:
         work = comm.backend.all_gather(comm, Buffer(mine, DType.INT64, mine), list(table), None)
-        work._start(True)
+        work.start(caller_waits=True)
         work.wait()
     except CommunicationError as exc:
         comm.mark_broken(exc)  # the gather may still be posted in the engine

@@ -58,7 +58,7 @@ __all__ = [
 
 
 # The blocking small collectives' entry points spell ``_g`` out for the world (one
-# Python call fewer on their path, which the lane keeps at a dozen or so).
+# Python call fewer on their path, which the caller-thread path keeps at a dozen or so).
 def _g(group: Group | None) -> Group:
     rt = current()
     return rt.world if group is None else group

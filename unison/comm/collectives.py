@@ -7,6 +7,13 @@ in issue order by the group's executor, :mod:`unison.backends.native`) or an ext
 (``mpi``, ``torch``) when ``unison.init(backend=...)`` picked it. Signatures (op,
 dtype, count, reduce op, root) ride in every native frame so ranks that disagree
 get a :class:`MismatchError`.
+
+A group whose engine runs small blocking collectives in the caller's thread
+(:attr:`Group.caller_thread`, a :class:`~unison.comm.backend.CallerThread`) gets them
+there: the first blocking call of a signature is validated in full and prepared by
+the engine; later calls of that signature on plain numpy arrays find the prepared
+call by signature and check only what can change between calls of one signature
+(the array's contiguity and writability) before running it.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._types import OpCode, ReduceOp
-from ..buffers import Buffer, as_buffer, check_op
+from ..buffers import Buffer, DType, as_buffer, check_op
 from ..errors import InvalidArgumentError
 from .agree import guard
 from .group import Group
@@ -75,11 +82,12 @@ def _split(arr: np.ndarray, parts: int, each: int) -> list[np.ndarray]:
 
 def issue(work: Work, async_op: bool) -> Work | None:
     """The one place that decides between returning the Work and waiting on it
-    (blocking = non-blocking + wait; an engine may run a blocking call inline)."""
+    (blocking = non-blocking + wait; an idle engine may run a blocking call in the
+    caller's thread)."""
     if async_op:
-        work._start(False)
+        work.start(caller_waits=False)
         return work
-    work._start(True)
+    work.start(caller_waits=True)
     work.wait()
     return None
 
@@ -91,45 +99,53 @@ def _as(comm: Group, obj: Any, what: str, *, writable: bool = True, device: bool
     return as_buffer(obj, what, writable=writable, device_ok=ok)
 
 
-# A group's ``lane`` (set by an engine that has one: native, on one host) takes a
-# blocking call on plain numpy arrays first; it returns False when the call is not its
-# own, and the general path below then validates and runs it.
-
-
 def broadcast(comm: Group, buf: Any, src: int, async_op: bool) -> Work | None:
-    lane = comm.lane
-    if (
-        lane is not None
-        and not async_op
-        and type(buf) is np.ndarray
-        and type(src) is int
-        and lane.broadcast(buf, src)
-    ):
-        return None
+    ct = comm.caller_thread
+    if ct is not None and not async_op and type(buf) is np.ndarray and type(src) is int:
+        call = ct.calls.get((OpCode.BROADCAST, buf.dtype, buf.shape, src))  # validated
+        if call is not None:
+            flags = buf.flags
+            if flags.c_contiguous and flags.writeable and ct.run(call, buf, buf):
+                return None
     comm.require_member("broadcast")
     b = _as(comm, buf, "broadcast buffer", device=True)
     root = comm.group_rank(src, "src")
+    if ct is not None and not async_op:
+        arr, key = _signature(OpCode.BROADCAST, buf, b, comm.ranks[root])
+        call = ct.prepared(key, OpCode.BROADCAST, arr, b.nbytes, b.dtype, root=comm.ranks[root])
+        if call is not None and ct.run(call, arr, arr):
+            return None
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
     return issue(comm.backend.broadcast(comm, b, root), async_op)
 
 
+def _signature(op: OpCode, buf: Any, b: Buffer, *extra: Any) -> tuple[np.ndarray, tuple[Any, ...]]:
+    """The array a caller-thread call runs on and its signature key: a plain numpy
+    array as given (the key the fast check above finds later), else the buffer's flat
+    view (a torch CPU tensor's storage, validated on every call)."""
+    if type(buf) is np.ndarray:
+        return buf, (op, buf.dtype, buf.shape, *extra)
+    return b.array, (op, "buffer", b.dtype, b.count, *extra)
+
+
 def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
-    lane = comm.lane
-    if (
-        lane is not None
-        and not async_op
-        and type(buf) is np.ndarray
-        and type(op) is ReduceOp
-        and lane.all_reduce(buf, op)
-    ):
-        return None
+    ct = comm.caller_thread
+    if ct is not None and not async_op and type(buf) is np.ndarray and type(op) is ReduceOp:
+        call = ct.calls.get((OpCode.ALL_REDUCE, buf.dtype, buf.shape, op))  # validated
+        if call is not None:
+            flags = buf.flags
+            if flags.c_contiguous and flags.writeable and ct.run(call, buf, buf):
+                return None
     comm.require_member("all_reduce")
     b = _as(comm, buf, "all_reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
-    if lane is not None and not async_op and lane.all_reduce_buffer(b, rop):
-        return None  # a torch CPU tensor, an int op: validated above, the lane runs it
+    if ct is not None and not async_op:
+        arr, key = _signature(OpCode.ALL_REDUCE, buf, b, rop)
+        call = ct.prepared(key, OpCode.ALL_REDUCE, arr, b.nbytes, b.dtype, rop)
+        if call is not None and ct.run(call, arr, arr):
+            return None
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_REDUCE, b.dtype, b.count, rop)
     return issue(comm.backend.all_reduce(comm, b, rop), async_op)
@@ -159,21 +175,28 @@ def all_gather(comm: Group, out_list: Any, buf: Any, async_op: bool) -> Work | N
     b = _as(comm, buf, "all_gather buffer", writable=False)
     outs = _list(comm, out_list, "all_gather output list", b, writable=True)
     blocks = [o.array for o in outs]
-    if comm.lane is not None and not async_op and comm.lane.all_gather_list(b, blocks):
-        return None
+    ct = comm.caller_thread
+    if ct is not None and not async_op:
+        key = (OpCode.ALL_GATHER, "list", b.dtype, b.array.dtype, b.count)
+        call = ct.prepared(key, OpCode.ALL_GATHER, b.array, b.nbytes, b.dtype, gather_list=True)
+        if call is not None and ct.run(call, b.array, blocks):
+            return None
     return _allgather_submit(comm, b, blocks, async_op, out_list)
 
 
 def all_gather_into_tensor(comm: Group, out: Any, buf: Any, async_op: bool) -> Work | None:
-    lane = comm.lane
-    if (
-        lane is not None
-        and not async_op
-        and type(out) is np.ndarray
-        and type(buf) is np.ndarray
-        and lane.all_gather(out, buf)
-    ):
-        return None
+    ct = comm.caller_thread
+    if ct is not None and not async_op and type(out) is np.ndarray and type(buf) is np.ndarray:
+        call = ct.calls.get((OpCode.ALL_GATHER, buf.dtype, buf.shape, out.dtype, out.size))
+        if call is not None:  # validated
+            flags = out.flags
+            if (
+                flags.c_contiguous
+                and flags.writeable
+                and buf.flags.c_contiguous
+                and ct.run(call, buf, out)
+            ):
+                return None
     comm.require_member("all_gather_into_tensor")
     b = _as(comm, buf, "all_gather input", writable=False)
     o = _as(comm, out, "all_gather output")
@@ -182,6 +205,17 @@ def all_gather_into_tensor(comm: Group, out: Any, buf: Any, async_op: bool) -> W
             f"all_gather output must hold {comm.size} x {b.count} {b.dtype.label} elements, "
             f"got {o.count} {o.dtype.label}"
         )
+    if ct is not None and not async_op:
+        plain = type(out) is np.ndarray and type(buf) is np.ndarray
+        inp, dst = (buf, out) if plain else (b.array, o.array)
+        key: tuple[Any, ...] = (
+            (OpCode.ALL_GATHER, buf.dtype, buf.shape, out.dtype, out.size)
+            if plain
+            else (OpCode.ALL_GATHER, "buffer", b.dtype, b.count)
+        )
+        call = ct.prepared(key, OpCode.ALL_GATHER, inp, b.nbytes, b.dtype)
+        if call is not None and ct.run(call, inp, dst):
+            return None
     return _allgather_submit(comm, b, _split(o.array, comm.size, b.count), async_op, out)
 
 
@@ -220,10 +254,8 @@ def scatter(comm: Group, buf: Any, scatter_list: Any, src: int, async_op: bool) 
 
 
 def _reduce_scatter_submit(
-    comm: Group, o: Buffer, blocks: list[np.ndarray], op: Any, async_op: bool
+    comm: Group, o: Buffer, blocks: list[np.ndarray], rop: ReduceOp, async_op: bool
 ) -> Work | None:
-    rop = _op(op)
-    check_op(rop, o.dtype)
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.REDUCE_SCATTER, o.dtype, o.count, rop)
     return issue(comm.backend.reduce_scatter(comm, o, blocks, rop), async_op)
@@ -232,38 +264,71 @@ def _reduce_scatter_submit(
 def reduce_scatter(comm: Group, out: Any, in_list: Any, op: Any, async_op: bool) -> Work | None:
     comm.require_member("reduce_scatter")
     o = _as(comm, out, "reduce_scatter output")
-    check_op(_op(op), o.dtype)
+    rop = _op(op)
+    check_op(rop, o.dtype)
     ins = _list(comm, in_list, "reduce_scatter input list", o, writable=False)
     blocks = [i.array for i in ins]
-    lane = comm.lane
-    if lane is not None and not async_op and lane.reduce_scatter_list(o, blocks, _op(op)):
-        return None
-    return _reduce_scatter_submit(comm, o, blocks, op, async_op)
+    ct = comm.caller_thread
+    if ct is not None and not async_op:
+        arr = o.array
+        key = (OpCode.REDUCE_SCATTER, "list", o.dtype, arr.dtype, o.count, rop)
+        call = ct.prepared(key, OpCode.REDUCE_SCATTER, arr, o.nbytes * comm.size, o.dtype, rop)
+        if call is not None and ct.run(call, blocks, arr):
+            return None
+    return _reduce_scatter_submit(comm, o, blocks, rop, async_op)
 
 
 def reduce_scatter_tensor(
     comm: Group, out: Any, inbuf: Any, op: Any, async_op: bool
 ) -> Work | None:
-    lane = comm.lane
+    ct = comm.caller_thread
     if (
-        lane is not None
+        ct is not None
         and not async_op
         and type(out) is np.ndarray
         and type(inbuf) is np.ndarray
         and type(op) is ReduceOp
-        and lane.reduce_scatter(out, inbuf, op)
     ):
-        return None
+        key: tuple[Any, ...] = (
+            OpCode.REDUCE_SCATTER,
+            out.dtype,
+            out.shape,
+            inbuf.dtype,
+            inbuf.size,
+            op,
+        )
+        call = ct.calls.get(key)
+        if call is not None:  # validated
+            flags = out.flags
+            if (
+                flags.c_contiguous
+                and flags.writeable
+                and inbuf.flags.c_contiguous
+                and ct.run(call, inbuf if inbuf.ndim == 1 else inbuf.reshape(-1), out)
+            ):
+                return None
     comm.require_member("reduce_scatter_tensor")
     o = _as(comm, out, "reduce_scatter output")
     i = _as(comm, inbuf, "reduce_scatter input", writable=False)
-    check_op(_op(op), o.dtype)
+    rop = _op(op)
+    check_op(rop, o.dtype)
     if i.dtype is not o.dtype or i.count != o.count * comm.size:
         raise InvalidArgumentError(
             f"reduce_scatter input must hold {comm.size} x {o.count} {o.dtype.label} "
             f"elements, got {i.count} {i.dtype.label}"
         )
-    return _reduce_scatter_submit(comm, o, _split(i.array, comm.size, o.count), op, async_op)
+    if ct is not None and not async_op:
+        plain = type(out) is np.ndarray and type(inbuf) is np.ndarray
+        dst = out if plain else o.array
+        key = (
+            (OpCode.REDUCE_SCATTER, out.dtype, out.shape, inbuf.dtype, inbuf.size, rop)
+            if plain
+            else (OpCode.REDUCE_SCATTER, "buffer", o.dtype, o.count, rop)
+        )
+        call = ct.prepared(key, OpCode.REDUCE_SCATTER, dst, i.nbytes, o.dtype, rop)
+        if call is not None and ct.run(call, i.array, dst):
+            return None
+    return _reduce_scatter_submit(comm, o, _split(i.array, comm.size, o.count), rop, async_op)
 
 
 def _alltoall_submit(
@@ -335,10 +400,19 @@ def all_to_all_single(
 
 
 def barrier(comm: Group, async_op: bool) -> Work | None:
-    lane = comm.lane
-    if lane is not None and not async_op and lane.barrier():
-        return None
+    ct = comm.caller_thread
+    if ct is not None and not async_op:
+        call = ct.calls.get((OpCode.BARRIER,))  # a member's: validated
+        if call is not None and ct.run(call, None, None):
+            return None
     comm.require_member("barrier")
+    if ct is not None and not async_op:
+        call = ct.prepared((OpCode.BARRIER,), OpCode.BARRIER, _NO_DATA, 0, DType.UINT8)
+        if call is not None and ct.run(call, None, None):
+            return None
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.BARRIER)
     return issue(comm.backend.barrier(comm), async_op)
+
+
+_NO_DATA = np.empty(0, np.uint8)

@@ -26,7 +26,7 @@ from .work import Work
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .backend import Backend
+    from .backend import Backend, CallerThread
 
 __all__ = ["ANY_SOURCE", "Group", "check_members", "group_timeout"]
 
@@ -92,32 +92,34 @@ class Group:
         self.config = config
         #: the engine that runs this group's operations (chosen once, at init)
         self.backend = backend
-        self._broken: BaseException | None = None
+        #: the failure that left this group unusable, or None (:meth:`mark_broken`)
+        self.broken: BaseException | None = None
         self._lock = threading.Lock()
-        #: the engine's fast path for blocking small collectives, or None (set by the engine)
-        self.lane: Any = None
+        #: the engine's entry for blocking small collectives in the caller's thread, or
+        #: None; an engine that has one for this group sets it once, when it makes the group
+        self.caller_thread: CallerThread | None = None
 
     @property
     def caller_thread_collectives(self) -> bool:
         """True when the group's engine runs small blocking collectives in the caller's
         thread (no engine thread, no queue between the call and the bytes)."""
-        return self.lane is not None
+        return self.caller_thread is not None
 
     def __repr__(self) -> str:
         return f"<unison.Group {self.id} ranks={list(self.ranks)} rank={self.rank}>"
 
     # --- failure state -------------------------------------------------------------------
-    @property
-    def broken(self) -> BaseException | None:
-        """The failure that left this group unusable, or None."""
-        return self._broken
-
     def mark_broken(self, exc: BaseException) -> None:
         """An operation failed leaving the engine's state unknown: refuse later calls.
         The first failure is kept."""
         with self._lock:
-            if self._broken is None:
-                self._broken = exc
+            if self.broken is None:
+                self.broken = exc
+
+    def retire(self, exc: BaseException) -> None:
+        """The group's world was shut down: every later call is refused with ``exc``."""
+        with self._lock:
+            self.broken = exc
 
     # --- membership ------------------------------------------------------------------------
     def require_member(self, what: str) -> int:

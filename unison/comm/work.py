@@ -24,7 +24,7 @@ __all__ = ["Progress", "Work", "joined"]
 
 #: ``progress(work, budget)``: drive or test the operation for at most ``budget``
 #: seconds (None: the caller waits without a timeout), finishing ``work``
-#: (:meth:`Work._finish`) when the operation ends, its own deadline included;
+#: (:meth:`Work.finish`) when the operation ends, its own deadline included;
 #: returns whether ``work`` is finished.
 Progress = Callable[["Work", "float | None"], bool]
 
@@ -36,7 +36,7 @@ _CALLBACKS = threading.Lock()  # guards every Work's list of done callbacks
 
 def _pushed(work: Work, budget: float | None) -> bool:
     """Progress of an operation another thread finishes: sleep until it does."""
-    return work._state.wait_done(budget)
+    return work.wait_finished(budget)
 
 
 class Work:
@@ -47,9 +47,9 @@ class Work:
     operation has not finished by then (the operation itself goes on until its
     own deadline). ``is_completed()`` and ``exception()`` never block.
 
-    Engines make one with ``launch(inline)`` (starts it; the shared layer calls it
+    Engines make one with ``launch(caller_waits)`` (starts it; the shared layer calls it
     once) and/or ``progress`` (:data:`Progress`; default: another thread calls
-    :meth:`_finish`). ``polled``: ``progress`` only tests and returns at once, so the
+    :meth:`finish`). ``polled``: ``progress`` only tests and returns at once, so the
     wait loop yields, then backs off from 50 µs to 1 ms, between calls.
     """
 
@@ -63,7 +63,7 @@ class Work:
         result: Any = None,
     ) -> None:
         self.name = name
-        #: starts the operation (``launch(inline)``); None once started or if it runs already
+        #: starts the operation (``launch(caller_waits)``); None once started or if it runs already
         self._launch = launch
         self._progress: Progress = _pushed if progress is None else progress
         self._polled = polled
@@ -76,16 +76,16 @@ class Work:
         self.request: Request | None = None
 
     # --- start and completion (called by the shared layer and the engine) -----------
-    def _start(self, inline: bool) -> None:
-        """Start the operation if it has not started: ``inline`` lets an idle engine run a
-        call that will be waited on at once in the caller's thread."""
+    def start(self, caller_waits: bool) -> None:
+        """Start the operation if it has not started: ``caller_waits`` (the caller waits
+        on it at once) lets an idle engine run it in the caller's thread."""
         launch = self._launch
         if launch is not None:
             self._launch = None
-            launch(inline)
+            launch(caller_waits)
 
-    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        """End the operation (the first call wins)."""
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        """End the operation (the first call wins); the engine calls it."""
         if not self._state.done():
             self._result = result
         if self._state.complete(error):
@@ -93,6 +93,10 @@ class Work:
                 callbacks = self.__dict__.pop("_callbacks", ())
             for fn in callbacks:
                 fn(self)
+
+    def wait_finished(self, timeout: float | None) -> bool:
+        """Sleep until another thread finishes the operation (True) or ``timeout`` passes."""
+        return self._state.wait_done(timeout)
 
     def add_done_callback(self, fn: Callable[[Work], None]) -> None:
         """Run ``fn(self)`` once the operation finishes, on the thread that finishes it
@@ -110,14 +114,19 @@ class Work:
         return self._progress is _pushed
 
     @property
-    def _done(self) -> bool:
+    def finished(self) -> bool:
+        """Whether the operation has ended (without driving it, unlike :meth:`is_completed`)."""
         return self._state.done()
+
+    # the names unison.torch's and unison.ps's subclasses and callers still use
+    _finish = finish
+    _done = finished
 
     def _wait_done(self, timeout: float | None) -> bool:
         """The one wait loop: True once finished, False if ``timeout`` passed first."""
         if self._state.done():
             return True
-        self._start(False)
+        self.start(False)
         now = time.monotonic()
         end = None if timeout is None else now + timeout
         spin_until = now + _SPIN_S
@@ -147,7 +156,7 @@ class Work:
             raise self._state.error
         return True
 
-    def wait_quiet(self, timeout: float) -> bool:
+    def wait_quiet(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds for the operation to finish; returns whether it
         did. Never raises the operation's error (:meth:`wait` and :meth:`exception` do).
 
@@ -191,10 +200,10 @@ def joined(name: str, parts: Sequence[Work], result: Any = None) -> Work:
         end = None if budget is None else time.monotonic() + budget
         for p in parts:
             left = None if end is None else max(0.0, end - time.monotonic())
-            if not p._wait_done(left):
+            if not p._wait_done(left):  # the one wait loop, of this module's own class
                 return False
         err = next((e for e in (p.exception() for p in parts) if e is not None), None)
-        work._finish(result, err)
+        work.finish(result, err)
         return True
 
     return Work(name, progress=progress)

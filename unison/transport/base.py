@@ -108,7 +108,7 @@ class MatchingTransport(Transport):
         err.sender_sig = sig  # type: ignore[attr-defined]
         return err
 
-    def _deliver_copy(self, req: Request, msg: Unexpected) -> None:
+    def deliver_copy(self, req: Request, msg: Unexpected) -> None:
         """Complete ``req`` from a buffered message (or fail it if they disagree)."""
         if len(msg.data) != req.nbytes or req.sig != msg.sig:
             req.complete(self._mismatch(req, msg.sig, len(msg.data)))

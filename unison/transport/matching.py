@@ -51,31 +51,65 @@ class Unexpected:
 Deliver = Callable[[Request, OpSig, np.ndarray | None], None]
 
 
+class AnySource:
+    """What the matchers of one process share for any-source receives: one lock, the
+    any-source receives waiting (by key, with posting stamps), the stamps of specific
+    receives posted while any wait, the arrival clock and the matchers themselves."""
+
+    __slots__ = ("clock", "lock", "matchers", "stamps", "waiting")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting: dict[Key, deque[tuple[int, Request]]] = {}
+        self.stamps: dict[int, int] = {}  # id(request) -> posting stamp
+        self.clock = itertools.count(1)
+        self.matchers: list[Matcher] = []
+
+
 class Matcher:
     """Posted receives and unexpected messages, per (peer, key), under one lock."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._posted: dict[tuple[int, Key], deque[Request]] = {}
         self._unexpected: dict[tuple[int, Key], deque[Unexpected]] = {}
+        self._use(AnySource())
+
+    def _use(self, shared: AnySource) -> None:
+        #: the any-source state this matcher takes part in
+        self.any_source = shared
+        shared.matchers.append(self)
         # posting stamps, kept only while any-source receives are pending (the common,
         # specific-only case pays nothing)
-        self._any: dict[Key, deque[tuple[int, Request]]] = {}
-        self._stamp: dict[int, int] = {}  # id(request) -> posting stamp
-        self._clock = itertools.count(1)
+        self._lock = shared.lock
+        self._any = shared.waiting
+        self._stamp = shared.stamps
+        self._clock = shared.clock
         #: matchers whose messages any-source receives posted here can take
-        self._group: list[Matcher] = [self]
+        self._group = shared.matchers
 
     def share_any_source(self, other: Matcher) -> None:
         """Join ``other``'s any-source matching (one lock, one any-source queue): a
         transport's matcher joins the first one before it carries any message, so an
         any-source receive sees the messages of every transport's peers."""
-        self._lock = other._lock
-        self._any = other._any
-        self._stamp = other._stamp
-        self._clock = other._clock
-        self._group = other._group
-        self._group.append(self)
+        self.any_source.matchers.remove(self)
+        self._use(other.any_source)
+
+    def oldest_unexpected(self, key: Key) -> tuple[int, tuple[int, Key]] | None:
+        """(arrival stamp, slot) of the earliest buffered message with ``key`` from any
+        peer (the shared lock held)."""
+        best: tuple[int, tuple[int, Key]] | None = None
+        for slot, queue in self._unexpected.items():
+            if slot[1] == key and (best is None or queue[0].order < best[0]):
+                best = (queue[0].order, slot)
+        return best
+
+    def pop_unexpected(self, slot: tuple[int, Key]) -> Unexpected:
+        """The first buffered message of ``slot``, removed (the shared lock held)."""
+        queue = self._unexpected[slot]
+        msg = queue.popleft()
+        if not queue:
+            del self._unexpected[slot]
+        return msg
 
     # --- posting ---------------------------------------------------------------------
     def post(self, req: Request) -> Unexpected | None:
@@ -99,21 +133,15 @@ class Matcher:
             return None
 
     def _post_any(self, req: Request) -> Unexpected | None:
-        best: tuple[Matcher, tuple[int, Key]] | None = None
+        best: tuple[int, Matcher, tuple[int, Key]] | None = None
         for m in self._group:
-            for slot, queue in m._unexpected.items():
-                if slot[1] == req.key and (
-                    best is None or queue[0].order < best[0]._unexpected[best[1]][0].order
-                ):
-                    best = (m, slot)
+            found = m.oldest_unexpected(req.key)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], m, found[1])
         if best is not None:
-            m, slot = best
-            queue = m._unexpected[slot]
-            msg = queue.popleft()
-            if not queue:
-                del m._unexpected[slot]
+            _, m, slot = best
             req.peer = slot[0]
-            return msg
+            return m.pop_unexpected(slot)
         self._any.setdefault(req.key, deque()).append((next(self._clock), req))
         return None
 

@@ -16,7 +16,9 @@ published ``k − 1``, which a peer does only after it finished reading call
 apart and a peer's ``seq`` is always ``k`` or ``k + 1`` once it has arrived.
 
 Waiting follows :class:`~.wait_policy.WaitPolicy` (spin, then ``sched_yield``,
-then sleep on the peer's ``seq`` futex: :mod:`.seqwait`); every wait has a deadline and ends in
+then sleep on the ``seq`` word of the peer still missing, its ``sleepers`` flag set
+first, which that peer wakes when it publishes; a bounded sleep, :data:`SLEEP_S`,
+covers a lost wake-up); every wait has a deadline and ends in
 :class:`~unison.errors.CollectiveTimeoutError` naming the rank, the operation
 and the peers not heard from. Results are reduced in rank order, as the direct
 shared-memory algorithms do, so every rank ends bitwise identical.
@@ -24,11 +26,17 @@ shared-memory algorithms do, so every rank ends bitwise identical.
 Memory ordering: the payload is stored before ``seq`` and read after it; x86
 keeps stores and loads in order, and the Python interpreter executes a full
 bytecode (with its own memory barriers around the GIL) between the two.
+
+One module for the whole protocol (publish, wait, compare, read): the wait is part
+of the same state machine as the publish and shares its state.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -38,13 +46,10 @@ from .._types import ReduceOp
 from ..buffers import DType, from_numpy, reducer
 from ..errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError
 from ..jobenv import usable_cores
-from . import futex, seqwait
-from .seqwait import MASK as _MASK
-from .seqwait import fence_in as _fence_in
-from .seqwait import fence_out as _fence_out
+from . import futex
 from .wait_policy import WaitPolicy
 
-__all__ = ["Plan", "SeqSlots", "SlotWatch", "region_bytes"]
+__all__ = ["SeqSlots", "SlotPlan", "SlotWatch", "region_bytes"]
 
 _HEAD = 64
 _HALF_HEAD = 16
@@ -55,6 +60,17 @@ _NAMES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
 
 #: what finishes a call once every peer arrived: (every rank's views, the caller's output)
 _Finish = Callable[[list[np.ndarray], Any], None]
+
+
+_MASK = 0xFFFFFFFF
+#: a sleeping waiter re-checks this often (bounds a lost wake-up)
+SLEEP_S = 0.005
+#: a waiter looks for failures elsewhere and at its deadline this often
+CHECK_S = 0.001
+# a store-load fence: an uncontended lock's acquire and release (a locked instruction
+# on x86-64; the futex call fences the waiter's side; SLEEP_S bounds a miss elsewhere)
+_FENCE = threading.Lock()
+_fence_in, _fence_out = _FENCE.acquire, _FENCE.release
 
 
 def region_bytes(slot_bytes: int) -> int:
@@ -82,7 +98,7 @@ def _sig(kind: int, op: int, dtype: int, nbytes: int, root: int) -> int:
     return (kind << 56) | (op << 48) | (dtype << 40) | (root << 32) | (nbytes & _MASK)
 
 
-class Plan:
+class SlotPlan:
     """One call signature on these slots, worked out once and run many times
     (:meth:`SeqSlots.plan`, :meth:`SeqSlots.run`): the signature word, this rank's
     write targets and the views the result is read from, per half, and what finishes
@@ -122,8 +138,8 @@ class SeqSlots:
             raise InvalidArgumentError(f"every region needs {need} bytes")
         self._half = (region_bytes(slot_bytes) - _HEAD) // 2
         self._seq = [ctypes.c_uint32.from_buffer(r, 0) for r in regions]
-        self.sleepers = [ctypes.c_uint32.from_buffer(r, 4) for r in regions]
-        self.addrs = [ctypes.addressof(s) for s in self._seq]
+        self._sleepers = [ctypes.c_uint32.from_buffer(r, 4) for r in regions]
+        self._addrs = [ctypes.addressof(s) for s in self._seq]
         self._bytes = [np.frombuffer(r, np.uint8, need) for r in regions]
         #: each rank's two half headers as signed 64-bit words: [signature, caller's key]
         offs = [_HEAD + h * self._half for h in (0, 1)]
@@ -140,20 +156,20 @@ class SeqSlots:
         #: would teach :attr:`policy` (the small collectives') the wrong budgets
         self.round_policy = WaitPolicy(oversubscribed)
         if not oversubscribed:
-            self.policy.poll_s = seqwait.poll_cost(self._seq[rank])
+            self.policy.poll_s = poll_cost(self._seq[rank])
         self.peers = [q for q in range(self.size) if q != rank]
         # what every call touches, looked up once
-        self._my_seq, self._my_sleepers = self._seq[rank], self.sleepers[rank]
-        self._my_addr, self._my_heads = self.addrs[rank], self._heads[rank]
+        self._my_seq, self._my_sleepers = self._seq[rank], self._sleepers[rank]
+        self._my_addr, self._my_heads = self._addrs[rank], self._heads[rank]
         self._peer_seqs = [self._seq[q] for q in self.peers]
-        self.peer_seq_items = [(q, self._seq[q]) for q in self.peers]
+        self._peer_seq_items = [(q, self._seq[q]) for q in self.peers]
         self._peer_heads = [[(q, self._heads[q][h]) for q in self.peers] for h in (0, 1)]
         #: set by the caller for the calls that follow (None: this module's own errors)
         self.watch: SlotWatch | None = None
         #: set by the caller when peers are known to be busy for a while (a round of a
         #: large direct algorithm): the wait sleeps on the futex at once
         self.patient = False
-        self._plans: dict[tuple[object, ...], Plan] = {}
+        self._plans: dict[tuple[object, ...], SlotPlan] = {}
 
     # --- the one primitive ------------------------------------------------------------------
     def fits(self, nbytes: int) -> bool:
@@ -184,8 +200,8 @@ class SeqSlots:
         op: ReduceOp = ReduceOp.SUM,
         root: int = 0,
         gather_list: bool = False,
-    ) -> Plan:
-        """The :class:`Plan` of one call signature (made once, then cached): ``name`` the
+    ) -> SlotPlan:
+        """The :class:`SlotPlan` of one call signature (made once, then cached): ``name`` the
         collective (all_reduce, broadcast, all_gather, reduce_scatter, barrier), ``shape`` and
         ``dtype`` are the caller's buffer's (all_reduce, broadcast: the data; all_gather:
         the input; reduce_scatter: the output), ``dt`` what it holds."""
@@ -226,7 +242,7 @@ class SeqSlots:
             sig = _sig(
                 kind, op if kind == _ALL_REDUCE else 0, dt if kind != _BARRIER else 0, nbytes, root
             )
-        plan = Plan(sig, mine, srcs, finish)  # type: ignore[arg-type]
+        plan = SlotPlan(sig, mine, srcs, finish)  # type: ignore[arg-type]
         if len(self._plans) > 256:
             self._plans.clear()
         self._plans[key] = plan
@@ -234,7 +250,7 @@ class SeqSlots:
 
     def run(
         self,
-        plan: Plan,
+        plan: SlotPlan,
         inp: np.ndarray | Sequence[np.ndarray] | None,
         out: object,
         timeout: float,
@@ -290,12 +306,57 @@ class SeqSlots:
                         break
                     n -= 1
                 else:
-                    seqwait.wait(self, k, sig, timeout, policy, policy.polls > 0)
+                    self._wait(k, sig, timeout, policy, policy.polls > 0)
                     break
         self._k = k
         for q, theirs in self._peer_heads[h]:
             if theirs[0] != sig or theirs[1] != key:
                 self._disagree(q, theirs[0], theirs[1], sig, key)
+
+    def _wait(
+        self, k: int, sig: int, timeout: float, policy: WaitPolicy, spun: bool = False
+    ) -> None:
+        """Until every peer published ``k``: spin, yield, then sleep; deadline-bound.
+
+        Only waits that had to wait get here (and teach ``policy``): a call whose
+        peers had all arrived returns without reading the clock, and so does one whose
+        peers arrived within the caller's inline polls (``spun``: those ran, this wait
+        starts at its yield phase)."""
+        start = now = time.monotonic()
+        deadline = start + timeout
+        patient = self.patient
+        if patient:  # the caller expects a long wait: sleep at once, learn nothing
+            spin_end = yield_end = start
+        else:
+            spin_end = start if spun else start + policy.spin_s
+            yield_end = spin_end + policy.yield_s
+        check_at = start + CHECK_S
+        yields = policy.yields
+        blocked = False
+        for q, seq in self._peer_seq_items:  # all must arrive: wait for each in turn
+            n = 0
+            while (seq.value - k) & _MASK > 1:
+                n += 1
+                if now < spin_end:
+                    if n & 7 == 0:  # a few cheap polls between clock reads
+                        now = time.monotonic()
+                    continue
+                now = time.monotonic()
+                if now >= check_at:  # failures elsewhere, the deadline: now and then
+                    check_at = now + CHECK_S
+                    self.check_failures(k, sig, timeout, now >= deadline)
+                if now < yield_end and yields > 0:
+                    yields -= 1
+                    os.sched_yield()
+                    continue
+                blocked = True  # sleep until this peer publishes (or a bounded re-check)
+                seen = seq.value
+                self._sleepers[q].value = 1
+                if (seen - k) & _MASK > 1:
+                    futex.wait(self._addrs[q], seen, min(SLEEP_S, max(deadline - now, 1e-4)))
+        if not patient:
+            end = time.monotonic()
+            policy.observe(end - start, blocked, k, end)
 
     def _disagree(self, q: int, their_sig: int, their_key: int, sig: int, key: int) -> None:
         watch = self.watch
@@ -440,3 +501,16 @@ def _gather(srcs: list[np.ndarray], out: np.ndarray) -> None:
 def _gather_list(srcs: list[np.ndarray], outs: Sequence[np.ndarray]) -> None:
     for q, src in enumerate(srcs):
         outs[q].reshape(-1)[...] = src
+
+
+def poll_cost(word: ctypes.c_uint32, polls: int = 256) -> float:
+    """Seconds one poll of a slot word takes here (what the inline polls before a
+    sleeping wait run): the mean of ``polls`` polls, timed once."""
+    k = word.value
+    t = time.perf_counter()
+    n = polls
+    while n:
+        if (word.value - k) & _MASK > 1:
+            break
+        n -= 1
+    return (time.perf_counter() - t) / polls

@@ -237,7 +237,7 @@ class ShmTransport(MatchingTransport):
         req = ShmRequest(self, peer, key, view, sig)
         msg = self.matcher.post(req)
         if msg is not None:
-            self._deliver_copy(req, msg)
+            self.deliver_copy(req, msg)
         elif self.ins[peer].dead is not None:
             self._progress_now()
             if not req.done():
@@ -295,7 +295,7 @@ class ShmTransport(MatchingTransport):
         msg = Unexpected(data, ib.sig)
         late = self.matcher.add_unexpected(ib.peer, ib.key, msg)
         if late is not None:
-            self._deliver_copy(late, msg)
+            self.deliver_copy(late, msg)
         elif ib.kind == FrameKind.COLL:
             self._deferred.append((ib.peer, ib.key, ib.sig))
 

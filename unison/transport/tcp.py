@@ -187,7 +187,7 @@ class TcpTransport(MatchingTransport):
         conn = self.conns[peer]
         msg = self.matcher.post(req)
         if msg is not None:
-            self._deliver_copy(req, msg)
+            self.deliver_copy(req, msg)
         elif conn.dead is not None:
             self.matcher.cancel(req)
             req.complete(self._lost_error(conn))
@@ -236,7 +236,7 @@ class TcpTransport(MatchingTransport):
                         break
                     req = self.matcher.add_unexpected(conn.peer, key, Unexpected(data, frame.sig))
                     if req is not None:
-                        self._deliver_copy(req, Unexpected(data, frame.sig))
+                        self.deliver_copy(req, Unexpected(data, frame.sig))
                     elif frame.kind is FrameKind.COLL:
                         self.events.unexpected(conn.peer, key, frame.sig)
                     continue

@@ -2,9 +2,11 @@
 
 :class:`Runtime` (``runtime.py``) joins the job: store, mesh, fabric, groups.
 :class:`NativeBackend` (``backend.py``) picks each call's algorithm by cost and
-submits it to the group's :class:`Executor` (``executor.py``), which runs it in
-issue order on the group's ordered queue (``ordered.py``), checks signatures
-(``desync.py``) and spreads failures; ``p2p.py`` posts sends and receives and
+submits it to the group's :class:`Executor` (``executor.py``), the one owner of the
+group's run state, which runs it in issue order, checks signatures (``desync.py``)
+and spreads failures. Small collectives of a one-host job go over the shared slots
+(``slot_collectives.py``), blocking ones in the caller's thread through the
+executor's caller-thread entry. ``p2p.py`` posts sends and receives and
 ``fabric.py`` routes every peer to shared memory or TCP.
 """
 

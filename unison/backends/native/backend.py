@@ -16,7 +16,7 @@ from ...algorithms import OpContext, gather_scatter_linear
 from ...algorithms import barrier_dissemination as barrier_algo
 from ...buffers import Buffer, finalize_average, kernel
 from .p2p import post_recv, post_send
-from .small import slots_for, small_all_gather, small_body, small_reduce_scatter
+from .slot_collectives import slot_body, slots_for, small_all_gather, small_reduce_scatter
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -56,7 +56,7 @@ class NativeBackend:
             def run(timeout: float, key: int) -> None:
                 s.broadcast(b.array, root, timeout, key)
 
-            return ex.submit(OpCode.BROADCAST, sig, small_body(self.rt, s, sig, run))
+            return ex.submit(OpCode.BROADCAST, sig, slot_body(self.rt, s, sig, run))
         algo = self._choose(comm, "broadcast", b.nbytes)
 
         def body(ctx: OpContext) -> None:
@@ -74,7 +74,7 @@ class NativeBackend:
             def run(timeout: float, key: int) -> None:
                 s.all_reduce(b.array, op, timeout, key, b.dtype)
 
-            return ex.submit(OpCode.ALL_REDUCE, sig, small_body(self.rt, s, sig, run))
+            return ex.submit(OpCode.ALL_REDUCE, sig, slot_body(self.rt, s, sig, run))
         kern = kernel(op, b.dtype)
         algo = self._choose(comm, "all_reduce", b.nbytes)
 
@@ -100,7 +100,7 @@ class NativeBackend:
         slots = slots_for(self.rt, comm, b.nbytes)
         if slots is not None:
             run = small_all_gather(slots, b, outs, result)
-            return ex.submit(OpCode.ALL_GATHER, sig, small_body(self.rt, slots, sig, run))
+            return ex.submit(OpCode.ALL_GATHER, sig, slot_body(self.rt, slots, sig, run))
         algo = self._choose(comm, "all_gather", b.nbytes * comm.size)
         me = comm.rank
         assert me is not None
@@ -155,7 +155,7 @@ class NativeBackend:
         slots = slots_for(self.rt, comm, out.nbytes * comm.size)
         if slots is not None:
             run = small_reduce_scatter(slots, out, ins, op, out.dtype)
-            return ex.submit(OpCode.REDUCE_SCATTER, sig, small_body(self.rt, slots, sig, run))
+            return ex.submit(OpCode.REDUCE_SCATTER, sig, slot_body(self.rt, slots, sig, run))
         kern = kernel(op, out.dtype)
         algo = self._choose(comm, "reduce_scatter", out.nbytes * comm.size)
 
@@ -194,7 +194,7 @@ class NativeBackend:
             def run(timeout: float, key: int) -> None:
                 s.barrier(timeout, key)
 
-            return ex.submit(OpCode.BARRIER, sig, small_body(self.rt, s, sig, run))
+            return ex.submit(OpCode.BARRIER, sig, slot_body(self.rt, s, sig, run))
 
         def body(ctx: OpContext) -> None:
             barrier_algo.run(ctx)

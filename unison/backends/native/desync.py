@@ -117,11 +117,4 @@ def foreign_frame_error(ctx: OpContext, peer: int, sig: OpSig) -> MismatchError 
     """The error for a frame of ``ctx``'s operation that carries another signature."""
     if sig.op == OpCode.CHECK or sig == ctx.data_sig:
         return None
-    return MismatchError(
-        f"mismatched collective at {ctx.name}: rank {peer} called {describe(sig)} but rank "
-        f"{ctx.ranks[ctx.rank]} called {describe(ctx.data_sig)}",
-        op=ctx.op.label,
-        seq=ctx.seq,
-        group=ctx.group_id,
-        ranks=(peer, ctx.ranks[ctx.rank]),
-    )
+    return ctx.mismatch_error(peer, sig)

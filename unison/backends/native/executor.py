@@ -1,12 +1,25 @@
-"""The native engine's side of one group: numbering, ordered execution, failure routing.
+"""The native engine's side of one group: the one owner of the group's run state.
 
 :class:`Executor` runs the operations the native backend submits for a
 :class:`~unison.comm.group.Group`: it numbers each call in issue order, builds its
-:class:`OpContext` and runs it on the group's ordered queue; when one fails on any
+:class:`OpContext` and runs them one at a time in that order; when one fails on any
 rank it makes the failure reach every member promptly (an ABORT control frame),
 after which the group is broken and refuses further collectives instead of hanging
 or returning garbage. Transport events for the group (frames of another operation,
 lost peers, other ranks' aborts and timeout notices) arrive here from the runtime.
+
+It owns everything "one operation at a time per group" needs, under one lock: the
+sequence numbers, the last finished one, the busy flag, the queue of operations
+waiting their turn (and the worker thread that runs them), and the aborts that came
+before their operation. Two ways in take a turn:
+
+- :meth:`submit` numbers an operation and returns its Work; a blocking call on an
+  idle group then runs it in the caller's thread, anything else queues it for the
+  worker (started on first use, woken by a condition variable, never paced by sleep);
+- :meth:`run` (the :class:`~unison.comm.backend.CallerThreadCollectives` entry of a
+  group with slots) runs a prepared small call straight on the slots in the caller's
+  thread, or declines when anything else is in flight
+  (:mod:`.slot_collectives`).
 """
 
 from __future__ import annotations
@@ -14,21 +27,24 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..._types import OpCode, OpSig
+import numpy as np
+
+from ..._types import OpCode, OpSig, ReduceOp
 from ...algorithms import OpContext, Topology, describe
+from ...buffers import DType
 from ...comm.group import Group
 from ...comm.work import Work
 from ...errors import AbortedError, CommunicationError, MismatchError
 from ...transport.framing import Control
 from .desync import ROOTED, Confirmation, foreign_frame_error
-from .ordered import OrderedQueue
+from .slot_collectives import ContextWatch, SlotCall, prepare_call
 
 if TYPE_CHECKING:
     from ...transport.seqslot import SeqSlots
-    from .lane import Lane
     from .runtime import Runtime
 
 __all__ = ["Executor"]
@@ -45,18 +61,34 @@ class Executor:
         self.size = group.size
         #: the group's link, shared slots and host layout (what algorithms may use)
         self.topo = topo
-        self.queue = OrderedQueue(f"group-{group.id}")
+        #: what the worker thread is called (and what a shut-down group says it is)
+        self.name = f"group-{group.id}"
         self._lock = threading.Lock()
-        self._seq = 0
-        self._done = 0
+        self._cv = threading.Condition(self._lock)  # the worker waits here for its turn
+        self._seq = 0  # the last sequence number given out
+        self._done = 0  # the last one finished
+        self._busy = False  # an operation runs now (in a caller's thread or on the worker)
+        self._closed = False
+        self._queue: deque[Callable[[], None]] = deque()
+        self._thread: threading.Thread | None = None
         self._inflight: dict[int, OpContext] = {}
         self._early_aborts: dict[int, BaseException] = {}
         self._notices: dict[int, dict[int, list[int]]] = {}  # seq -> {rank: waiting for}
         self._notice_cv = threading.Condition(self._lock)
         #: the group's small-message slots (members of a one-host job), else None
         self.slots: SeqSlots | None = None
-        #: the blocking small-collective fast path over ``slots`` (see :mod:`.lane`)
-        self.lane: Lane | None = None
+        #: what the group's operations synchronise the rounds of a direct shared-memory
+        #: algorithm with (:attr:`OpContext.round_barrier`; set with the group's arena)
+        self.round_barrier: Callable[[OpContext, int], None] | None = None
+        self.timeout = group.config.timeout
+        self._others = [r for r in self.ranks if r != rt.rank]
+        # the caller-thread call running now: its number (0: none), its prepared call,
+        # and frames of its operation that peers on the general path sent meanwhile
+        self._running = 0
+        self._call: SlotCall | None = None
+        self._foreign: list[tuple[int, OpSig]] = []
+        self._scanned = False
+        self._watch = ContextWatch(rt, self._caller_context, self._check_caller_call)
 
     def sig(
         self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
@@ -69,7 +101,7 @@ class Executor:
     # --- running collectives -------------------------------------------------------------
     def submit(self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any]) -> Work:
         """Number the operation now (issue order) and return its Work; it runs when the
-        shared layer starts the Work (inline in the caller's thread if blocking and idle)."""
+        shared layer starts the Work (in the caller's thread if blocking and idle)."""
         me = self.group.rank
         assert me is not None  # members only: the shared layer checked
         hook = self.rt.op_hook
@@ -79,8 +111,8 @@ class Executor:
             self._seq += 1
             seq = self._seq
 
-        def launch(inline: bool) -> None:
-            self.queue.run(task, inline=inline)
+        def launch(caller_waits: bool) -> None:
+            self._run_ordered(task, caller_waits)
 
         work = Work(f"{op.label} #{seq} (group {self.id})", launch)
 
@@ -105,7 +137,7 @@ class Executor:
             if early is None:
                 self._inflight[seq] = ctx
         if early is not None:
-            work._finish(error=early)
+            work.finish(error=early)
             with self._lock:
                 self._done = max(self._done, seq)
             return
@@ -117,12 +149,12 @@ class Executor:
         except CommunicationError as exc:
             err = ctx.named(exc)
             self.fail(ctx, err)
-            work._finish(error=err)
+            work.finish(error=err)
         except BaseException as exc:
-            self.fail(ctx, CommunicationError(f"{ctx.name} failed locally: {exc!r}"))
-            work._finish(error=exc)
+            self.fail(ctx, ctx.local_failure(exc))
+            work.finish(error=exc)
         else:
-            work._finish(result)
+            work.finish(result)
         finally:
             with self._lock:
                 self._inflight.pop(seq, None)
@@ -130,7 +162,7 @@ class Executor:
                 self._done = max(self._done, seq)
 
     def context(self, seq: int, me: int, op: OpCode, sig: OpSig, deadline: float) -> OpContext:
-        """Operation ``seq``'s context (the lane builds one only when its call fails)."""
+        """Operation ``seq``'s context (a caller-thread call builds one only for an error)."""
         cfg = self.group.config
         ctx = OpContext(
             self.rt.router,
@@ -146,7 +178,152 @@ class Executor:
             topo=self.topo,
         )
         ctx.diagnose = self._diagnose_timeout
+        ctx.round_barrier = self.round_barrier
         return ctx
+
+    # --- turns: one operation at a time, in issue order ------------------------------------
+    def _run_ordered(self, task: Callable[[], None], caller_waits: bool) -> None:
+        """Run ``task`` in its turn: now in this thread if ``caller_waits`` and the group is
+        idle, else on the worker thread after everything queued before it."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.name} is shut down")
+            if caller_waits and not self._busy and not self._queue:
+                self._busy = True
+            else:
+                self._queue.append(task)
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._loop, name=f"unison-{self.name}", daemon=True
+                    )
+                    self._thread.start()
+                self._cv.notify_all()
+                return
+        try:
+            task()
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._queue:  # only the worker waits, and only for queued work
+                    self._cv.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._busy or not self._queue:
+                    if self._closed and not self._queue:
+                        return
+                    self._cv.wait(1.0)
+                task = self._queue.popleft()
+                self._busy = True
+            try:
+                task()
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    # --- the caller-thread path (CallerThreadCollectives) ------------------------------------
+    def prepare(
+        self,
+        op: OpCode,
+        arr: np.ndarray,
+        nbytes: int,
+        dtype: DType,
+        redop: ReduceOp | None = None,
+        root: int = -1,
+        gather_list: bool = False,
+    ) -> SlotCall | None:
+        """A validated signature's call on the slots (None: not theirs)."""
+        if self.slots is None:
+            return None
+        return prepare_call(self, self.slots, op, arr, nbytes, dtype, redop, root, gather_list)
+
+    def run(self, call: Any, inp: Any, out: Any) -> bool:
+        """Run the prepared ``call`` on the slots now, in the caller's thread, if nothing
+        else of the group is in flight here (False, having done nothing, otherwise):
+        take the group's next sequence number, publish, wait, finish, and fail the group
+        as :meth:`_execute` would if it fails. Written out in one method: each call here
+        is a Python call fewer on the small blocking path."""
+        with self._lock:
+            if (
+                self._seq != self._done
+                or self._busy
+                or self._queue
+                or self._closed
+                or self.group.broken is not None
+                or self._early_aborts  # a peer already failed a call: _execute says so
+                or self.rt.op_hook is not None
+            ):
+                return False
+            self._seq = seq = self._seq + 1
+            self._busy = True
+        self._running = seq
+        self._call = call
+        slots = self.slots
+        assert slots is not None
+        slots.watch = self._watch
+        try:
+            slots.run(call.plan, inp, out, self.timeout, call.word)
+        except BaseException as exc:
+            raise self._caller_failed(exc) from None
+        finally:
+            slots.watch = None
+            self._done = seq
+            self._running = 0
+            self._busy = False
+            if self._queue:  # another thread queued work meanwhile: the worker waits for us
+                with self._cv:
+                    self._cv.notify_all()
+            if self._foreign or self._scanned:
+                self._foreign = []
+                self._scanned = False
+        return True
+
+    def _caller_context(self) -> OpContext:
+        """The running caller-thread call's context, built for its errors only."""
+        call = self._call
+        me = self.group.rank
+        assert call is not None and me is not None
+        return self.context(self._running, me, call.op, call.sig, 0.0)
+
+    def _check_caller_call(self) -> None:
+        """Raise what failed elsewhere during the caller-thread call: another rank's
+        abort, a broken group, a lost peer, a frame of another operation."""
+        if self._early_aborts:
+            with self._lock:
+                exc = self._early_aborts.pop(self._running, None)
+            if exc is not None:
+                raise exc
+        broken = self.group.broken
+        if broken is not None:
+            raise broken
+        lost = self.rt.fabric.gone(self._others)
+        if lost is not None:
+            raise lost
+        if self.group.config.check_mismatch:
+            found = self._foreign
+            if not self._scanned:  # frames that arrived before this call began
+                self._scanned = True
+                for t in self.rt.fabric.transports:
+                    found.extend(t.unexpected_sigs(self.id, self._running))
+            if found:
+                ctx = self._caller_context()
+                for peer, sig in found:
+                    err = foreign_frame_error(ctx, peer, sig)
+                    if err is not None:
+                        raise err
+
+    def _caller_failed(self, exc: BaseException) -> BaseException:
+        """Fail the running caller-thread call as :meth:`_execute` fails an operation:
+        break the group, tell every peer (ABORT); returns the error to raise."""
+        ctx = self._caller_context()
+        if isinstance(exc, CommunicationError):
+            err = ctx.named(exc)  # as the general path names it
+            self.fail(ctx, err)
+            return err
+        self.fail(ctx, ctx.local_failure(exc))
+        return exc
 
     def _check_context(self, ctx: OpContext) -> OpContext:
         """A context for the signature confirmation, aborted whenever ``ctx`` is."""
@@ -167,7 +344,7 @@ class Executor:
         check.diagnose = self._diagnose_timeout
         with self._lock:
             ctx.companion = check
-            late = ctx._aborted
+            late = ctx.aborted
         if late is not None:
             check.abort(late)
         return check
@@ -269,9 +446,8 @@ class Executor:
         if not self.group.config.check_mismatch:
             return
         if ctx is None:
-            lane = self.lane
-            if lane is not None and lane.seq == seq:  # the lane's call has no context
-                lane.foreign.append((peer, sig))
+            if self._running == seq:  # a caller-thread call has no context
+                self._foreign.append((peer, sig))
             return
         err = foreign_frame_error(ctx, peer, sig)
         if err is not None:
@@ -295,5 +471,13 @@ class Executor:
         for ctx in running:
             ctx.abort(exc)
 
-    def close(self) -> None:
-        self.queue.close()
+    def retire(self, why: str) -> None:
+        """The group's world was shut down: name the reason in later refusals."""
+        self.name = f"group {self.id} ({why})"
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)

@@ -35,12 +35,12 @@ import numpy as np
 
 from ..._types import OpSig
 from ...algorithms import shm_arena
-from ...algorithms.shm_arena import Arena
 from ...config import ENV_JOB_ID, Config
 from ...errors import CollectiveTimeoutError, PeerLostError, UnsupportedError
 from ...link import Link, shared_link, transport_link, two_level
 from ...log import get_logger
 from ...transport import cma
+from ...transport.arena import Arena
 from ...transport.base import Events, Key, PeerInfo, Transport
 from ...transport.framing import FrameKind
 from ...transport.matching import ANY_SOURCE
@@ -420,7 +420,7 @@ class Fabric:
         )
         msg = self.tcp.matcher.post(req)
         if msg is not None:
-            self.tcp._deliver_copy(req, msg)
+            self.tcp.deliver_copy(req, msg)
         return req
 
     def cancel(self, peer: int, req: Request) -> None:
@@ -444,13 +444,11 @@ class Fabric:
         for t in self.transports:  # shm first: its queued data goes out before GOODBYE
             t.close()
         if self.arena is not None:
-            self.arena.sync_hook = None
             self.arena.release()
             self.arena = None
         self.seqslots = None
         self._small.clear()
         for ga in self._group_arenas:
-            ga.sync_hook = None
             ga.release()
         self._group_arenas.clear()
         self._garena.clear()

@@ -46,18 +46,18 @@ def request_work(
         try:
             done = req.wait(max(left if budget is None else min(budget, left), 0.0))
         except CommunicationError as exc:
-            work._finish(result, translate(exc))
+            work.finish(result, translate(exc))
             return True
         if done:
             if cancel is not None:
                 work.source = req.peer
-            work._finish(result)
+            work.finish(result)
             return True
         if time.monotonic() < deadline:
             return False
         if cancel is not None:
             cancel(req)
-        work._finish(
+        work.finish(
             result,
             CollectiveTimeoutError(
                 f"{name} timed out after {timeout:g}s; not heard from rank {req.peer}",

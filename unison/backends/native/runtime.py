@@ -16,8 +16,8 @@ from typing import Any
 
 from ..._types import OpSig
 from ...algorithms import Choice, Topology, choose
-from ...algorithms.shm_arena import Arena
 from ...bootstrap import advertise_address, connect_mesh
+from ...comm.backend import CallerThread
 from ...comm.group import Group, check_members
 from ...config import Config
 from ...elastic.rendezvous import epoch_of
@@ -32,12 +32,12 @@ from ...jobenv import FAILURE_KEY, JobInfo, failure_record
 from ...link import SharedLink
 from ...log import get_logger
 from ...store import FileStore, Store, TCPStore, TCPStoreServer
+from ...transport.arena import Arena
 from ...transport.base import Events, Key, PeerInfo
 from .backend import NativeBackend
 from .executor import Executor
 from .fabric import Fabric
-from .lane import Lane
-from .small import arena_sync
+from .slot_collectives import arena_sync
 
 __all__ = ["Runtime"]
 
@@ -114,9 +114,6 @@ class Runtime:
                 adopt=self.fabric.adopt,
             )
             self.fabric.finish(self.infos)
-            arena, slots = self.fabric.arena, self.fabric.seqslots
-            if arena is not None and slots is not None:  # rounds sync on the slots
-                arena.sync_hook = arena_sync(self, slots)
             self.link = self.fabric.link()
             self.local_rank, self.local_size, self.cross_rank, self.cross_size = _layout(
                 self.infos, self.rank
@@ -179,7 +176,7 @@ class Runtime:
             if isinstance(link, SharedLink):
                 link = replace(link, half=arena.half)  # the cost model's rounds are the arena's
             if ex.slots is not None:
-                arena.sync_hook = arena_sync(self, ex.slots)  # rounds sync on its slots
+                ex.round_barrier = arena_sync(self, ex.slots)  # rounds sync on its slots
             ex.topo = replace(ex.topo, link=link, shared=True, arena=arena)
 
     def _topology(self, gid: int, ranks: Sequence[int], own_arena: bool = True) -> Topology:
@@ -253,9 +250,11 @@ class Runtime:
             g = Group(gid, members, self.rank, cfg, self.backend)
             ex = Executor(self, g, topo)
             ex.slots = self.fabric.group_slots(gid, g.ranks)
+            if topo.arena is not None and ex.slots is not None:  # rounds sync on the slots
+                ex.round_barrier = arena_sync(self, ex.slots)
             if ex.slots is not None and not self.overrides:
-                # forced algorithms run at every size: no slots for them (see small.py)
-                ex.lane = g.lane = Lane(self, ex, ex.slots)
+                # forced algorithms run at every size: no slots for them (slot_collectives.py)
+                g.caller_thread = CallerThread(ex)
             # reachable by transport events from now on; deliver aborts that came early
             self.executors[gid] = ex
             parked = self._parked.pop(gid, [])
