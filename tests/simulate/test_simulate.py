@@ -121,7 +121,7 @@ def test_broadcast_rounds_overlap_and_all_gather_counts_the_own_block() -> None:
     n = 8 << 20
     own = all_gather_ring.own_copy(2, n, link)
     assert own == pytest.approx(n / 2 * 1e-10)
-    r = all_gather_shm.plan(2, n, link)  # bytes of the own block per round
+    r = all_gather_shm.round_size(2, n, link)  # bytes of the own block per round
     assert all_gather_shm.cost(2, n, link) == pytest.approx(
         1e-6 * math.ceil(n / 2 / r) + n * 1e-10 + own
     )

@@ -36,7 +36,7 @@ def _per_byte(p: int, link: Link) -> float:
     return p * crowding(p, link) * link.copy
 
 
-def plan(p: int, n: int, link: Link) -> int:
+def round_size(p: int, n: int, link: Link) -> int:
     """Bytes of the own block per round (:func:`.shm_arena.round_plan`)."""
     return round_plan(p, link, lambda lk: _per_byte(p, lk))[0]
 
@@ -62,7 +62,9 @@ def run(ctx: OpContext, blocks: Sequence[np.ndarray], seg: int) -> None:
     glob = ctx.ranks
     m = len(blocks[me])
     step = arena.step(
-        blocks[me].dtype, round_for(plan, ctx.topo, p, blocks[me].nbytes * p), blocks[me].nbytes
+        blocks[me].dtype,
+        round_for(round_size, ctx.topo, p, blocks[me].nbytes * p),
+        blocks[me].nbytes,
     )
     for tag, start in enumerate(range(0, m, step) or [0]):
         k = min(step, m - start)

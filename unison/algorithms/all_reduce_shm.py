@@ -46,7 +46,7 @@ def _per_byte(p: int, link: Link) -> float:
     return crowding(p, link) * ((2 * f + 1 / p) * link.copy + f * link.gamma)
 
 
-def plan(p: int, n: int, link: Link) -> int:
+def round_size(p: int, n: int, link: Link) -> int:
     """Bytes per round (:func:`.shm_arena.round_plan`; two syncs a round)."""
     return round_plan(p, link, lambda lk: _per_byte(p, lk), syncs=2)[0]
 
@@ -81,7 +81,7 @@ def run(
     arena = arena_of(ctx, NAME)
     p, me = ctx.size, ctx.rank
     glob = ctx.ranks
-    step = arena.step(arr.dtype, round_for(plan, ctx.topo, p, arr.nbytes), arr.nbytes)
+    step = arena.step(arr.dtype, round_for(round_size, ctx.topo, p, arr.nbytes), arr.nbytes)
     tag = 0
     for start in range(0, len(arr), step) or [0]:
         chunk = arr[start : start + step]

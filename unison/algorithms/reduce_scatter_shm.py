@@ -36,7 +36,7 @@ def _per_byte(p: int, link: Link) -> float:
     return crowding(p, link) * (p - 1) / p * (link.copy + link.gamma)
 
 
-def plan(p: int, n: int, link: Link) -> int:
+def round_size(p: int, n: int, link: Link) -> int:
     """Bytes of the ``p`` inputs per round (:func:`.shm_arena.round_plan`)."""
     return round_plan(p, link, lambda lk: _per_byte(p, lk))[0]
 
@@ -62,7 +62,7 @@ def run(
     p, me = ctx.size, ctx.rank
     glob = ctx.ranks
     m = len(out)
-    per_round = round_for(plan, ctx.topo, p, out.nbytes * p) // p  # bytes of each input
+    per_round = round_for(round_size, ctx.topo, p, out.nbytes * p) // p  # bytes of each input
     step = arena.step(out.dtype, min(per_round, arena.half // p), out.nbytes)
     for tag, start in enumerate(range(0, m, step) or [0]):
         k = min(step, m - start)

@@ -199,10 +199,10 @@ def pipeline_bytes(p: int, n: int, link: Link) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def round_for(plan: Callable[[int, int, Link], int], topo: Topology, p: int, n: int) -> int:
-    """``plan(p, n, link)`` on the group's link for ``n`` bytes (rates by size, as the
+def round_for(round_size: Callable[[int, int, Link], int], topo: Topology, p: int, n: int) -> int:
+    """``round_size(p, n, link)`` on the group's link for ``n`` bytes (rates by size, as the
     selector prices the call), remembered per topology: a round size costs one lookup."""
-    return plan(p, n, topo.link.at(n, p))
+    return round_size(p, n, topo.link.at(n, p))
 
 
 def rounds(n: int, link: Link, step: int = 0) -> int:

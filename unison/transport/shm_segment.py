@@ -97,7 +97,8 @@ class Layout:
     slot_bytes: int
 
 
-def plan(peers: list[int], ring_bytes: int, slot_bytes: int) -> Layout:
+def layout_of(peers: list[int], ring_bytes: int, slot_bytes: int) -> Layout:
+    """Where a segment for ``peers`` holds each peer's ring and, after them, the slot."""
     rings, off = {}, _PAGE
     for p in sorted(peers):
         rings[p] = off

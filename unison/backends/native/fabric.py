@@ -48,7 +48,7 @@ from ...transport.request import Request
 from ...transport.seqslot import SeqSlots, region_bytes
 from ...transport.shm import ShmRequest, ShmTransport
 from ...transport.shm_ring import Ring
-from ...transport.shm_segment import Segment, plan
+from ...transport.shm_segment import Segment, layout_of
 from ...transport.tcp import TcpTransport
 
 __all__ = ["RING_BYTES", "Fabric"]
@@ -192,7 +192,7 @@ class Fabric:
         # after them, the sub-groups' arenas (their rounds sync on the sub-group's slots)
         garena_off = small_off + (small_len + 63) // 64 * 64
         garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
-        layout = plan(local, RING_BYTES, garena_off + garena_len)
+        layout = layout_of(local, RING_BYTES, garena_off + garena_len)
         # the sub-group arenas are mapped but not allocated: a group's members allocate
         # theirs when it is made (group_arena), so unused ones cost no /dev/shm
         self._garena_at = layout.slot_offset + garena_off
