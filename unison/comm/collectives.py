@@ -74,10 +74,12 @@ def _split(arr: np.ndarray, parts: int, each: int) -> list[np.ndarray]:
     return [arr[i * each : (i + 1) * each] for i in range(parts)]
 
 
-def issue(work: Work, async_op: bool) -> Work | None:
+def issue(work: Work, async_op: bool, outputs: Any = ()) -> Work | None:
     """The one place that decides between returning the Work and waiting on it
-    (blocking = non-blocking + wait; an engine may run a blocking call inline)."""
+    (blocking = non-blocking + wait; an engine may run a blocking call inline).
+    ``outputs``: the buffers the operation writes, what :meth:`Work.result` returns."""
     if async_op:
+        work.outputs = list(outputs)
         work._start(False)
         return work
     work._start(True)
@@ -112,7 +114,7 @@ def broadcast(comm: Group, buf: Any, src: int, async_op: bool) -> Work | None:
     root = comm.group_rank(src, "src")
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
-    return issue(comm.backend.broadcast(comm, b, root), async_op)
+    return issue(comm.backend.broadcast(comm, b, root), async_op, [b.source])
 
 
 def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
@@ -133,7 +135,7 @@ def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
         return None  # a torch CPU tensor, an int op: validated above, the lane runs it
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_REDUCE, b.dtype, b.count, rop)
-    return issue(comm.backend.all_reduce(comm, b, rop), async_op)
+    return issue(comm.backend.all_reduce(comm, b, rop), async_op, [b.source])
 
 
 def reduce(comm: Group, buf: Any, dst: int, op: Any, async_op: bool) -> Work | None:
@@ -144,7 +146,7 @@ def reduce(comm: Group, buf: Any, dst: int, op: Any, async_op: bool) -> Work | N
     root = comm.group_rank(dst, "dst")
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.REDUCE, b.dtype, b.count, rop, comm.ranks[root])
-    return issue(comm.backend.reduce(comm, b, root, rop), async_op)
+    return issue(comm.backend.reduce(comm, b, root, rop), async_op, [b.source])
 
 
 def _allgather_submit(
@@ -152,7 +154,8 @@ def _allgather_submit(
 ) -> Work | None:
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_GATHER, b.dtype, b.count)
-    return issue(comm.backend.all_gather(comm, b, blocks, result), async_op)
+    outputs = list(result) if isinstance(result, (list, tuple)) else [result]
+    return issue(comm.backend.all_gather(comm, b, blocks, result), async_op, outputs)
 
 
 def all_gather(comm: Group, out_list: Any, buf: Any, async_op: bool) -> Work | None:
@@ -206,7 +209,8 @@ def gather(comm: Group, buf: Any, gather_list: Any, dst: int, async_op: bool) ->
     blocks = None if outs is None else [o.array for o in outs]
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.GATHER, b.dtype, b.count, root=comm.ranks[root])
-    return issue(comm.backend.gather(comm, b, blocks, root), async_op)
+    outputs = [o.source for o in outs or ()]
+    return issue(comm.backend.gather(comm, b, blocks, root), async_op, outputs)
 
 
 def scatter(comm: Group, buf: Any, scatter_list: Any, src: int, async_op: bool) -> Work | None:
@@ -217,7 +221,7 @@ def scatter(comm: Group, buf: Any, scatter_list: Any, src: int, async_op: bool) 
     blocks = None if ins is None else [i.array for i in ins]
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.SCATTER, b.dtype, b.count, root=comm.ranks[root])
-    return issue(comm.backend.scatter(comm, b, blocks, root), async_op)
+    return issue(comm.backend.scatter(comm, b, blocks, root), async_op, [b.source])
 
 
 def _reduce_scatter_submit(
@@ -227,7 +231,7 @@ def _reduce_scatter_submit(
     check_op(rop, o.dtype)
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.REDUCE_SCATTER, o.dtype, o.count, rop)
-    return issue(comm.backend.reduce_scatter(comm, o, blocks, rop), async_op)
+    return issue(comm.backend.reduce_scatter(comm, o, blocks, rop), async_op, [o.source])
 
 
 def reduce_scatter(comm: Group, out: Any, in_list: Any, op: Any, async_op: bool) -> Work | None:
@@ -277,7 +281,8 @@ def _alltoall_submit(
 ) -> Work | None:
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_TO_ALL, ref.dtype)
-    return issue(comm.backend.all_to_all(comm, outs, ins, result, ref), async_op)
+    outputs = list(result) if isinstance(result, (list, tuple)) else [result]
+    return issue(comm.backend.all_to_all(comm, outs, ins, result, ref), async_op, outputs)
 
 
 def all_to_all(comm: Group, out_list: Any, in_list: Any, async_op: bool) -> Work | None:

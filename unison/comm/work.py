@@ -71,6 +71,8 @@ class Work:
         #: the transport request underneath a native point-to-point operation (None
         #: elsewhere): a watcher may block on it without driving the transport
         self.request: Any = None
+        #: the buffers the operation writes (set by the shared layer): :meth:`result`
+        self.outputs: list[Any] | None = None
 
     # --- start and completion (called by the shared layer and the engine) -----------
     def _start(self, inline: bool) -> None:
@@ -155,9 +157,13 @@ class Work:
         return self._state.error if self.is_completed() else None
 
     def result(self) -> Any:
-        """What the operation produced (after :meth:`wait`), e.g. the buffers it filled."""
+        """The operation's output buffers as a list, as torch's ``Work.result()``: the
+        reduced or broadcast buffer (``[tensor]``), every gathered block, the received
+        buffer; ``[]`` for a barrier or where this rank receives nothing. Waits first."""
         self.wait()
-        return self._result
+        if self.outputs is not None:
+            return list(self.outputs)
+        return self._result  # an operation of another layer's own (unison.ps: its reply)
 
     def __repr__(self) -> str:
         state = "pending" if not self.is_completed() else ("failed" if self.exception() else "done")
