@@ -5,6 +5,7 @@ change."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -68,6 +69,19 @@ def test_a_rank_exception_is_raised_here_naming_the_rank() -> None:
     assert "raised on rank 1 of unison.run" in notes and "fails_on" in notes, notes
     with pytest.raises(LaunchError, match=r"exit status 3; ranks without a result: 0"):
         unison.run(exits_on, args=(0,), np=2)
+
+
+def says_hello() -> int:
+    print(f"hello from {os.environ['UNISON_RANK']}", flush=True)
+    return 1
+
+
+def test_output_reaches_a_text_stream_without_a_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    out, err = io.StringIO(), io.StringIO()  # a notebook's streams have no .buffer
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    assert unison.run(says_hello, np=2) == [1, 1]
+    assert sorted(out.getvalue().splitlines()) == ["[0] hello from 0", "[1] hello from 1"]
 
 
 def test_arguments_horovod_takes_and_unison_refuses() -> None:

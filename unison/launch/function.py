@@ -18,7 +18,7 @@ import pickle
 import secrets
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from .. import config as C
 from ..errors import InvalidArgumentError, LaunchError, UnsupportedError
@@ -41,6 +41,29 @@ def _pickler() -> Any:
     except ImportError:
         return pickle
     return cloudpickle
+
+
+class _TextSink:
+    """Bytes in, text out: the ranks' output into a text stream that has no binary buffer
+    underneath (a notebook's ``sys.stdout``)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, data: bytes) -> int:
+        self.stream.write(data.decode(errors="replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _binary(stream: Any) -> BinaryIO:
+    buffer = getattr(stream, "buffer", None)
+    return cast(BinaryIO, buffer if buffer is not None else _TextSink(stream))
 
 
 def run(
@@ -140,6 +163,8 @@ def run(
             output_dir=output_filename,
             verbose=bool(verbose),
             start_timeout=start_timeout,
+            stdout=_binary(sys.stdout),
+            stderr=_binary(sys.stderr),
         )
         records = [server.get_local(RESULT_KEY.format(rank=r)) for r in range(count)]
     return _results(records, status)
