@@ -13,8 +13,9 @@
 ``UNISON_STORE_ADDR`` and ``UNISON_SECRET`` also apply under the other conventions.
 Where a launcher gives no store address (mpirun), the job uses a
 :class:`~unison.store.FileStore` at ``store_path``. Where it gives no secret
-(torchrun, Slurm, mpirun), one is derived from the job's identity, with a warning:
-the store is then only as private as that identity.
+(torchrun, Slurm, mpirun), one is derived from the job's identity, with a warning where
+the store listens on the network (the store is then only as private as that identity;
+the warning names the fix) and an INFO line where it listens on loopback only.
 
 :data:`FAILURE_KEY` is the store key under which a failing rank records why.
 """
