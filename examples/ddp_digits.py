@@ -46,7 +46,6 @@ def main() -> int:
     args = ap.parse_args()
 
     dist.init_process_group(args.backend)
-    torch.set_num_threads(1)
     rank, size = dist.get_rank(), dist.get_world_size()
     if args.batch_size % size:
         raise SystemExit(f"--batch-size {args.batch_size} is not divisible by {size} ranks")

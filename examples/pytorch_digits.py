@@ -44,7 +44,6 @@ def main() -> int:
     args = ap.parse_args()
 
     hvd.init()
-    torch.set_num_threads(1)
     torch.manual_seed(args.seed + hvd.rank())  # different on purpose: broadcast fixes it
     rank, size = hvd.rank(), hvd.size()
     if args.batch_size % size:

@@ -319,7 +319,12 @@ def main() -> None:
     ap.add_argument("--num-batches-per-iter", type=int, default=5)
     ap.add_argument("--num-iters", type=int, default=10)
     ap.add_argument("--batches-per-allreduce", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads per rank (default: the launcher's OMP_NUM_THREADS)",
+    )
     ap.add_argument(
         "--latency", type=int, default=0, metavar="N", help="also time N 4-byte allreduces"
     )
@@ -328,7 +333,8 @@ def main() -> None:
         args.model, args.width, args.depth, args.batch_size = "mlp", 512, 16, 1
 
     hvd.init()
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     backends = ["gloo", "unison"] if args.ddp_backend == "both" else [args.ddp_backend]
     if args.mode in ("ddp", "both") or args.latency:
         init_dist(backends)

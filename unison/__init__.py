@@ -59,6 +59,7 @@ from .errors import (
     PeerLostError,
     UnisonError,
 )
+from .launch.function import run
 from .world import current as _current
 from .world import init, is_initialized, shutdown
 
@@ -108,6 +109,7 @@ __all__ = [
     "reduce",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "run",
     "scatter",
     "scatter_object",
     "send",

@@ -7,8 +7,10 @@ Two kinds live here:
   job secret. Their names are the ``ENV_*`` constants below.
 * **Tuning knobs**, read once into the frozen :class:`Config` by :func:`load_config`.
 
-``unison info --config`` prints the table :data:`KNOBS`. An unknown ``UNISON_*``
-variable is reported (a typo should not silently do nothing).
+``unison info --config`` prints the table :data:`KNOBS`. Horovod's variables of the same
+meaning (:data:`HOROVOD_ALIASES`) are read where the ``UNISON_*`` one is unset. An unknown
+``UNISON_*`` or ``HOROVOD_*`` variable, and a Horovod variable unison has no use for, is
+reported (:func:`ignored_variables`: a typo or a habit should not silently do nothing).
 """
 
 from __future__ import annotations
@@ -30,17 +32,21 @@ __all__ = [
     "ENV_LOCAL_RANK",
     "ENV_LOCAL_SIZE",
     "ENV_NUM_SERVERS",
+    "ENV_PREFIX_OUTPUT",
     "ENV_PS_JOIN",
     "ENV_PS_JOIN_TICKET",
     "ENV_RANK",
     "ENV_ROLE",
+    "ENV_RUN_FUNCTION",
     "ENV_SECRET",
     "ENV_SIZE",
     "ENV_STORE_ADDR",
     "ENV_STORE_PATH",
+    "HOROVOD_ALIASES",
     "KNOBS",
     "Config",
     "Knob",
+    "ignored_variables",
     "load_config",
     "unknown_variables",
 ]
@@ -66,6 +72,8 @@ ENV_ELASTIC_ID = "UNISON_ELASTIC_ID"  # elastic jobs: this worker's id (see unis
 ENV_PS_JOIN = "UNISON_PS_JOIN"  # elastic parameter server: join the running job as this worker
 ENV_PS_JOIN_TICKET = "UNISON_PS_JOIN_TICKET"  # ... through this join, claimed by the launcher
 ENV_OUTPUT_TTY = "UNISON_OUTPUT_TTY"  # "1": the launcher's output is a terminal
+ENV_PREFIX_OUTPUT = "UNISON_PREFIX_OUTPUT"  # also the knob; unison run sets it for ranks
+ENV_RUN_FUNCTION = "UNISON_RUN_FUNCTION"  # unison.run: host:port:secret of its store
 
 _IDENTITY = {
     ENV_RANK: "global rank of this process",
@@ -88,6 +96,8 @@ _IDENTITY = {
     "for this worker (so it can cancel the servers' wait if the worker dies first)",
     ENV_OUTPUT_TTY: "set by unison run: 1 when its output is a terminal (progress bars make "
     "sense), else 0",
+    ENV_RUN_FUNCTION: "set by unison.run for its ranks: where they fetch the function to "
+    "call and leave its result",
 }
 
 
@@ -123,6 +133,15 @@ def _size(text: str) -> int:
     if value < 0:
         raise ValueError("must be >= 0")
     return value
+
+
+def _log_level(text: str) -> str:
+    """A logging level name; Horovod's TRACE and FATAL mean DEBUG and CRITICAL."""
+    low = text.strip().upper()
+    low = {"TRACE": "DEBUG", "FATAL": "CRITICAL", "WARN": "WARNING"}.get(low, low)
+    if low not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError("expected one of debug, info, warning, error, critical")
+    return low
 
 
 def _positive_float(text: str) -> float:
@@ -226,8 +245,8 @@ KNOBS: tuple[Knob, ...] = (
         "UNISON_LOG_LEVEL",
         "log_level",
         "WARNING",
-        lambda s: s.strip().upper(),
-        "logging level of the 'unison' loggers",
+        _log_level,
+        "logging level of the 'unison' loggers (HOROVOD_LOG_LEVEL)",
     ),
     Knob(
         "UNISON_BIND_ADDR",
@@ -436,18 +455,83 @@ class Config:
         return out
 
 
+#: Horovod's variables that set a knob of :data:`KNOBS` (read when the knob is unset)
+HOROVOD_ALIASES: dict[str, str] = {
+    "HOROVOD_LOG_LEVEL": "UNISON_LOG_LEVEL",
+    "HOROVOD_FUSION_THRESHOLD": "UNISON_FUSION_THRESHOLD",
+    "HOROVOD_CYCLE_TIME": "UNISON_CYCLE_TIME",
+    "HOROVOD_CACHE_CAPACITY": "UNISON_CACHE_CAPACITY",
+    "HOROVOD_TIMELINE": "UNISON_TIMELINE",
+    "HOROVOD_TIMELINE_MARK_CYCLES": "UNISON_TIMELINE_MARK_CYCLES",
+    "HOROVOD_STALL_CHECK_DISABLE": "UNISON_STALL_CHECK_DISABLE",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "UNISON_STALL_CHECK_TIME_SECONDS",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "UNISON_STALL_SHUTDOWN_TIME_SECONDS",
+    "HOROVOD_ELASTIC_TIMEOUT": "UNISON_ELASTIC_TIMEOUT",
+}
+_ALIAS_OF = {unison: horovod for horovod, unison in HOROVOD_ALIASES.items()}
+
+#: Horovod's variables set by its launchers (and ``unison run``): a rank's identity
+_HOROVOD_IDENTITY = frozenset(
+    "HOROVOD_RANK HOROVOD_SIZE HOROVOD_LOCAL_RANK HOROVOD_LOCAL_SIZE HOROVOD_CROSS_RANK "
+    "HOROVOD_CROSS_SIZE HOROVOD_HOSTNAME HOROVOD_CONTROLLER HOROVOD_CPU_OPERATIONS "
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR HOROVOD_GLOO_RENDEZVOUS_PORT HOROVOD_GLOO_IFACE "
+    "HOROVOD_GLOO_TIMEOUT_SECONDS HOROVOD_ELASTIC HOROVOD_IFACE".split()
+)
+#: Horovod's build-time variables (``HOROVOD_WITH_PYTORCH=1 pip install horovod``):
+#: they stay in many shells and mean nothing at run time, to Horovod as to unison
+_HOROVOD_BUILD = ("HOROVOD_WITH", "HOROVOD_WITHOUT", "HOROVOD_GPU", "HOROVOD_NCCL",
+                  "HOROVOD_CUDA", "HOROVOD_ROCM", "HOROVOD_BUILD", "HOROVOD_CMAKE",
+                  "HOROVOD_MPICXX", "HOROVOD_DEBUG")  # fmt: skip
+_AUTOTUNE = (
+    "unison chooses each collective's algorithm from its measured cost model "
+    "(UNISON_ALGO=all_reduce:ring forces one; see `unison info --config`)"
+)
+#: Horovod's run-time variables unison has no counterpart of, and what to do instead
+_HOROVOD_IGNORED: dict[str, str] = {
+    "HOROVOD_AUTOTUNE": _AUTOTUNE,
+    "HOROVOD_AUTOTUNE_LOG": _AUTOTUNE,
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": _AUTOTUNE,
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": _AUTOTUNE,
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": _AUTOTUNE,
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": _AUTOTUNE,
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": "unison takes the hierarchical all-reduce by "
+    "itself on jobs of several hosts (UNISON_ALGO=all_reduce:hierarchical forces it)",
+    "HOROVOD_HIERARCHICAL_ALLGATHER": "unison has no hierarchical all-gather; its "
+    "all-gather takes shared memory on each host by itself",
+    "HOROVOD_START_TIMEOUT": "a rank has no use for it: give it to the launcher (unison run "
+    "--start-timeout S)",
+    "HOROVOD_MPI_THREADS_DISABLE": "unison's MPI engine asks for the thread level it needs",
+    "HOROVOD_THREAD_AFFINITY": "unison pins no threads (unison run divides the "
+    "cores among ranks as OMP_NUM_THREADS)",
+    "HOROVOD_NUM_NCCL_STREAMS": "unison runs on CPUs",
+    "HOROVOD_LOG_TIMESTAMP": "unison's log lines carry no timestamp",
+    "HOROVOD_LOG_HIDE_TIME": "unison's log lines carry no timestamp",
+}
+
+
+def _knob_text(env: Mapping[str, str], knob: Knob) -> tuple[str, str] | None:
+    """(variable, text) that sets ``knob``: its own, else Horovod's alias; None if unset."""
+    for name in (knob.env, _ALIAS_OF.get(knob.env)):
+        raw = env.get(name) if name else None
+        if name and raw is not None and raw != "":
+            return name, raw
+    return None
+
+
 def load_config(env: Mapping[str, str] | None = None) -> Config:
-    """Read every knob of :data:`KNOBS` from ``env`` (default ``os.environ``)."""
+    """Read every knob of :data:`KNOBS` from ``env`` (default ``os.environ``), or its
+    Horovod alias (:data:`HOROVOD_ALIASES`) where the knob is unset."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     for knob in KNOBS:
-        raw = env.get(knob.env)
-        if raw is None or raw == "":
+        found = _knob_text(env, knob)
+        if found is None:
             continue
+        name, raw = found
         try:
             values[knob.field] = knob.parse(raw)
         except ValueError as exc:
-            raise InvalidArgumentError(f"{knob.env}={raw!r}: {exc}") from None
+            raise InvalidArgumentError(f"{name}={raw!r}: {exc}") from None
     cfg = Config(**values)
     cfg.algo_overrides()  # validate early
     return cfg
@@ -468,3 +552,37 @@ def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
 def identity_docs() -> dict[str, str]:
     """The job-identity variables and their meaning."""
     return dict(_IDENTITY)
+
+
+def ignored_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(name, why)`` for each ``UNISON_*`` or ``HOROVOD_*`` variable in ``env`` that
+    changes nothing: a name no knob has (with the closest known name, a likely typo), or
+    a Horovod setting unison has no counterpart of (with what to do instead). Horovod's
+    aliases, identity and build-time variables are not listed."""
+    import difflib
+
+    env = os.environ if env is None else env
+    out: list[tuple[str, str]] = []
+    ours = sorted({k.env for k in KNOBS} | set(_IDENTITY))
+    for name in unknown_variables(env):
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else " (see `unison info --config`)"
+        out.append((name, f"unknown variable {name} is ignored{hint}"))
+    horovod = sorted(set(HOROVOD_ALIASES) | _HOROVOD_IDENTITY | set(_HOROVOD_IGNORED))
+    for name in sorted(k for k in env if k.startswith("HOROVOD_")):
+        if name in HOROVOD_ALIASES or name in _HOROVOD_IDENTITY or name.startswith(_HOROVOD_BUILD):
+            continue
+        if name in _HOROVOD_IGNORED:
+            out.append((name, f"{name} is ignored: {_HOROVOD_IGNORED[name]}"))
+            continue
+        close = difflib.get_close_matches(name, horovod, n=1, cutoff=0.8)
+        if close:
+            alias = HOROVOD_ALIASES.get(close[0])
+            meant = f"{close[0]} ({alias})" if alias else close[0]
+            hint = f"; did you mean {meant}?"
+        else:
+            hint = (
+                " (unison reads no such variable; `unison info --config` lists the ones it reads)"
+            )
+        out.append((name, f"unknown variable {name} is ignored{hint}"))
+    return out

@@ -13,8 +13,9 @@
 ``UNISON_STORE_ADDR`` and ``UNISON_SECRET`` also apply under the other conventions.
 Where a launcher gives no store address (mpirun), the job uses a
 :class:`~unison.store.FileStore` at ``store_path``. Where it gives no secret
-(torchrun, Slurm, mpirun), one is derived from the job's identity, with a warning:
-the store is then only as private as that identity.
+(torchrun, Slurm, mpirun), one is derived from the job's identity, with a warning where
+the store listens on the network (the store is then only as private as that identity;
+the warning names the fix) and an INFO line where it listens on loopback only.
 
 :data:`FAILURE_KEY` is the store key under which a failing rank records why.
 """
@@ -146,15 +147,38 @@ def _secret_env(env: Mapping[str, str]) -> bytes | None:
     return value
 
 
-def _derived_secret(identity: str, warn: bool = True) -> bytes:
-    if warn:  # rank 0 only: once per job, not once per rank
+#: how to give every rank one secret, per launcher convention (the fix the warning names)
+_SECRET_FIX = {
+    "torchrun": "export UNISON_SECRET=<the same hex on every host> before torchrun "
+    "(e.g. UNISON_SECRET=$(openssl rand -hex 16), copied to each host)",
+    "openmpi": "mpirun -x UNISON_SECRET=$(openssl rand -hex 16) ...",
+    "pmi": "export UNISON_SECRET=$(openssl rand -hex 16) before mpiexec and forward it "
+    "(mpiexec -genvall or -env UNISON_SECRET ...)",
+    "slurm": "export UNISON_SECRET=$(openssl rand -hex 16) before srun (srun passes it on)",
+}
+
+
+def _derived_secret(
+    identity: str, warn: bool = True, exposed: bool = False, source: str = ""
+) -> bytes:
+    """The job's secret when none was given: derived from its identity. Rank 0 says so,
+    once per job: at INFO when the store listens on loopback only, else at WARNING with
+    the exact way to give every rank a secret under this launcher."""
+    if warn and exposed:
+        fix = _SECRET_FIX.get(source, "export UNISON_SECRET=<the same hex> to every rank")
         _log.warning(
-            "no %s set: deriving the store secret from the job identity (%s); the store is "
-            "only as private as that identity. Export %s=<hex> on every rank for a real "
-            "secret.",
+            "no %s set: the store and the peers' sockets listen on the network, guarded by a "
+            "secret derived from the job identity (%s); give every rank a real one: %s",
             C.ENV_SECRET,
             identity,
+            fix,
+        )
+    elif warn:
+        _log.info(
+            "no %s set: deriving the store secret from the job identity (%s); the store "
+            "listens on loopback only",
             C.ENV_SECRET,
+            identity,
         )
     return hashlib.sha256(b"unison-derived-secret\0" + identity.encode()).digest()
 
@@ -163,18 +187,14 @@ _warned_unknown: set[str] = set()
 
 
 def warn_unknown_variables(env: Mapping[str, str]) -> None:
-    """Warn (once per process; init calls it on rank 0 only) about each ``UNISON_*``
-    variable that is no knob: a typo would otherwise silently do nothing."""
-    import difflib
-
-    known = sorted({k.env for k in C.KNOBS} | set(C.identity_docs()))
-    for name in C.unknown_variables(env):
+    """Warn (once per process; init calls it on rank 0 only) about each ``UNISON_*`` or
+    ``HOROVOD_*`` variable that changes nothing (:func:`unison.config.ignored_variables`):
+    a typo or a Horovod habit would otherwise silently do nothing."""
+    for name, why in C.ignored_variables(env):
         if name in _warned_unknown:
             continue
         _warned_unknown.add(name)
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else " (see `unison info --config`)"
-        _log.warning("unknown variable %s is ignored%s", name, hint)
+        _log.warning("%s", why)
 
 
 # -- Slurm nodelists ------------------------------------------------------------------
@@ -478,7 +498,10 @@ def detect_job(
     key = secret if secret is not None else _secret_env(env)
     if key is None and info.size > 1:
         where = f"{addr[0]}:{addr[1]}" if addr else path
-        key = _derived_secret(f"{info.source}:{job_id}:{info.size}:{where}", info.rank == 0)
+        exposed = addr is not None and not addr[0].startswith("127.") and addr[0] != "localhost"
+        key = _derived_secret(
+            f"{info.source}:{job_id}:{info.size}:{where}", info.rank == 0, exposed, info.source
+        )
     if info.rank == 0:
         warn_unknown_variables(env)
     if secret is not None and not secret:

@@ -57,6 +57,12 @@ def _script(path: str, argv: list[str], port: int) -> int:
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    # torchrun gives each of several ranks on a host OMP_NUM_THREADS=1 (as unison run
+    # gives each its share of the cores); torch was imported before the fork, so the
+    # variable alone comes too late
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(path))  # as `python path` does (sibling imports)
     try:

@@ -30,6 +30,7 @@ def _job(
     tmp: Path, mode: str, *hosts: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "unison.launch.cli", "run", "--timeout", "30", *ELASTIC]
+    argv += ["--log-level", "info"]  # the recovery's events are INFO lines
     argv += [*hosts, sys.executable, "-m", "tests.ps._elastic_train", mode, str(tmp), str(STEPS)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=110, cwd=ROOT)
@@ -66,6 +67,9 @@ def _check_job(r: subprocess.CompletedProcess[str], bsp: bool, cooldown: str) ->
     assert "starting worker 1 on host 127.0.0.1 (replaces the lost worker" in err
     assert "worker rank 1 left the job" in err  # the server took its clock out
     assert "worker 1 joined the job at clock 5" in err
+    # a handled recovery: INFO lines with names, no tag numbers, one rank prefix per line
+    assert "(tag " not in err and "unison[" not in err, err[-3000:]
+    assert not [ln for ln in err.splitlines() if " unison." in ln and " INFO:" not in ln], err
     # the replacement kept id 1, started at the slowest live clock (5, the survivors wait
     # there) and its first pull is exactly the servers' state: every push of the clocks
     # before 5, the killed worker's unfinished step dropped under BSP, applied under SSP
@@ -154,7 +158,7 @@ def test_discovery_adds_a_slot_and_a_new_worker_joins(tmp_path: Path) -> None:
     )
     script.chmod(0o755)
     argv = [sys.executable, "-m", "unison.launch.cli", "run", "--timeout", "30"]
-    argv += ["-np", "4", "--min-np", "3", "--max-np", "5", "--servers", "2"]
+    argv += ["-np", "4", "--min-np", "3", "--max-np", "5", "--servers", "2", "--log-level", "info"]
     argv += ["--host-discovery-script", str(script), sys.executable, "-m"]
     argv += ["tests.ps._elastic_train", "grow", str(tmp_path), str(STEPS)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), PS_TEST_SPLIT_BYTES="16")

@@ -152,14 +152,18 @@ def recv(
 
 def isend(tensor: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> Work:
     """Start sending ``tensor`` to ``dst``; do not modify ``tensor`` until the Work completes."""
-    return _g(group).isend(tensor, dst, tag)
+    work = _g(group).isend(tensor, dst, tag)
+    work.outputs = [tensor]  # Work.result(), as torch's
+    return work
 
 
 def irecv(
     tensor: BufferLike, src: int | None = None, tag: int = 0, group: Group | None = None
 ) -> Work:
     """Start receiving from ``src`` (None: any rank of the group) into ``tensor``."""
-    return _g(group).irecv(tensor, src, tag)
+    work = _g(group).irecv(tensor, src, tag)
+    work.outputs = [tensor]  # Work.result(), as torch's
+    return work
 
 
 @overload

@@ -80,11 +80,13 @@ def _split(arr: np.ndarray, parts: int, each: int) -> list[np.ndarray]:
     return [arr[i * each : (i + 1) * each] for i in range(parts)]
 
 
-def issue(work: Work, async_op: bool) -> Work | None:
+def issue(work: Work, async_op: bool, outputs: Any = ()) -> Work | None:
     """The one place that decides between returning the Work and waiting on it
     (blocking = non-blocking + wait; an idle engine may run a blocking call in the
-    caller's thread)."""
+    caller's thread). ``outputs``: the buffers the operation writes, what
+    :meth:`Work.result` returns."""
     if async_op:
+        work.outputs = list(outputs)
         work.start(caller_waits=False)
         return work
     work.start(caller_waits=True)
@@ -117,7 +119,7 @@ def broadcast(comm: Group, buf: Any, src: int, async_op: bool) -> Work | None:
             return None
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
-    return issue(comm.backend.broadcast(comm, b, root), async_op)
+    return issue(comm.backend.broadcast(comm, b, root), async_op, [b.source])
 
 
 def _signature(op: OpCode, buf: Any, b: Buffer, *extra: Any) -> tuple[np.ndarray, tuple[Any, ...]]:
@@ -148,7 +150,7 @@ def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
             return None
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_REDUCE, b.dtype, b.count, rop)
-    return issue(comm.backend.all_reduce(comm, b, rop), async_op)
+    return issue(comm.backend.all_reduce(comm, b, rop), async_op, [b.source])
 
 
 def reduce(comm: Group, buf: Any, dst: int, op: Any, async_op: bool) -> Work | None:
@@ -159,7 +161,7 @@ def reduce(comm: Group, buf: Any, dst: int, op: Any, async_op: bool) -> Work | N
     root = comm.group_rank(dst, "dst")
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.REDUCE, b.dtype, b.count, rop, comm.ranks[root])
-    return issue(comm.backend.reduce(comm, b, root, rop), async_op)
+    return issue(comm.backend.reduce(comm, b, root, rop), async_op, [b.source])
 
 
 def _allgather_submit(
@@ -167,7 +169,8 @@ def _allgather_submit(
 ) -> Work | None:
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_GATHER, b.dtype, b.count)
-    return issue(comm.backend.all_gather(comm, b, blocks, result), async_op)
+    outputs = list(result) if isinstance(result, (list, tuple)) else [result]
+    return issue(comm.backend.all_gather(comm, b, blocks, result), async_op, outputs)
 
 
 def all_gather(comm: Group, out_list: Any, buf: Any, async_op: bool) -> Work | None:
@@ -239,7 +242,8 @@ def gather(comm: Group, buf: Any, gather_list: Any, dst: int, async_op: bool) ->
     blocks = None if outs is None else [o.array for o in outs]
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.GATHER, b.dtype, b.count, root=comm.ranks[root])
-    return issue(comm.backend.gather(comm, b, blocks, root), async_op)
+    outputs = [o.source for o in outs or ()]
+    return issue(comm.backend.gather(comm, b, blocks, root), async_op, outputs)
 
 
 def scatter(comm: Group, buf: Any, scatter_list: Any, src: int, async_op: bool) -> Work | None:
@@ -250,7 +254,7 @@ def scatter(comm: Group, buf: Any, scatter_list: Any, src: int, async_op: bool) 
     blocks = None if ins is None else [i.array for i in ins]
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.SCATTER, b.dtype, b.count, root=comm.ranks[root])
-    return issue(comm.backend.scatter(comm, b, blocks, root), async_op)
+    return issue(comm.backend.scatter(comm, b, blocks, root), async_op, [b.source])
 
 
 def _reduce_scatter_submit(
@@ -258,7 +262,7 @@ def _reduce_scatter_submit(
 ) -> Work | None:
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.REDUCE_SCATTER, o.dtype, o.count, rop)
-    return issue(comm.backend.reduce_scatter(comm, o, blocks, rop), async_op)
+    return issue(comm.backend.reduce_scatter(comm, o, blocks, rop), async_op, [o.source])
 
 
 def reduce_scatter(comm: Group, out: Any, in_list: Any, op: Any, async_op: bool) -> Work | None:
@@ -341,7 +345,8 @@ def _alltoall_submit(
 ) -> Work | None:
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_TO_ALL, ref.dtype)
-    return issue(comm.backend.all_to_all(comm, outs, ins, result, ref), async_op)
+    outputs = list(result) if isinstance(result, (list, tuple)) else [result]
+    return issue(comm.backend.all_to_all(comm, outs, ins, result, ref), async_op, outputs)
 
 
 def all_to_all(comm: Group, out_list: Any, in_list: Any, async_op: bool) -> Work | None:

@@ -74,6 +74,8 @@ class Work:
         #: the transport request underneath a native point-to-point operation (None
         #: elsewhere); the transport's own thread completes it (see :meth:`wait_quiet`)
         self.request: Request | None = None
+        #: the buffers the operation writes (set by the shared layer): :meth:`result`
+        self.outputs: list[Any] | None = None
 
     # --- start and completion (called by the shared layer and the engine) -----------
     def start(self, caller_waits: bool) -> None:
@@ -182,9 +184,13 @@ class Work:
         return self._state.error if self.is_completed() else None
 
     def result(self) -> Any:
-        """What the operation produced (after :meth:`wait`), e.g. the buffers it filled."""
+        """The operation's output buffers as a list, as torch's ``Work.result()``: the
+        reduced or broadcast buffer (``[tensor]``), every gathered block, the received
+        buffer; ``[]`` for a barrier or where this rank receives nothing. Waits first."""
         self.wait()
-        return self._result
+        if self.outputs is not None:
+            return list(self.outputs)
+        return self._result  # an operation of another layer's own (unison.ps: its reply)
 
     def __repr__(self) -> str:
         state = "pending" if not self.is_completed() else ("failed" if self.exception() else "done")

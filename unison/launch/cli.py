@@ -9,21 +9,52 @@ Adding ``bench`` or ``simulate`` is one line here.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from .._version import __version__
 from ..errors import InvalidArgumentError
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "OneLineParser", "build_parser", "main"]
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("unison.launch.launcher", "start N ranks of a command (this host, or -H hosts)"),
     "info": ("unison.launch.info", "versions, transports, backends and configuration"),
     "bench": ("unison.bench.cli", "nccl-tests-style benchmarks against gloo and mpi"),
     "simulate": ("unison.simulate", "predict all-reduce times from the α-β-γ cost model"),
+    "completion": (
+        "unison.launch.shell_completion",
+        "print a bash or zsh script that completes unison's subcommands and flags",
+    ),
 }
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line naming what to do (with a close flag's name when one
+    was mistyped), not the whole usage text: ``--help`` has that."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = f"`{self.prog} --help` lists the options"
+        if message.startswith("unrecognized arguments:"):
+            wrong = message.split(":", 1)[1].split()
+            close = [self.closest_option(w) for w in wrong if w.startswith("-")]
+            named = [c for c in close if c]
+            if named:
+                hint = f"did you mean {' or '.join(named)}? ({hint})"
+        self.exit(2, f"{self.prog}: error: {message}; {hint}\n")
+
+    def option_strings(self) -> list[str]:
+        """Every flag of this parser, in definition order."""
+        return list(dict.fromkeys(o for a in self._actions for o in a.option_strings))
+
+    def closest_option(self, word: str) -> str | None:
+        """The flag ``word`` most likely meant (a typo), or None."""
+        options = self.option_strings()
+        close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.75)
+        return close[0] if close else None
 
 
 def _chosen(argv: list[str]) -> str | None:
@@ -36,7 +67,7 @@ def _chosen(argv: list[str]) -> str | None:
 def build_parser(
     chosen: str | None, subparsers: dict[str, argparse.ArgumentParser] | None = None
 ) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="unison", description="unison: collective communication for Python."
     )
     parser.add_argument("--version", action="version", version=f"unison {__version__}")

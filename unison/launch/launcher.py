@@ -38,6 +38,7 @@ from ..jobenv import FAILURE_KEY, parse_failure_record
 from ..store import TCPStoreServer
 from ..transport.shm_segment import cleanup_job
 from . import elastic_cli as elastic
+from .habits import habit_environment, python_command
 from .hosts import (
     DEFAULT_RSH,
     Slot,
@@ -51,7 +52,7 @@ from .hosts import (
 )
 from .options import configure_parser, free_port, parse_exports, resolve_np, stdin_ranks
 from .output import OutputForwarder
-from .rankenv import rank_environment
+from .rankenv import rank_environment, thread_environment, thread_notice, usable_cores
 from .remote import StdinForwarder
 from .supervise import (
     Launch,
@@ -82,6 +83,11 @@ def main(args: argparse.Namespace) -> int:
         print("unison run: no command given (usage: unison run -np N command ...)", file=sys.stderr)
         return 2
     try:
+        habit_env, notes = habit_environment(args)
+        command, ran_with = python_command(command)
+        for note in [*notes, ran_with]:
+            if note:
+                print(f"unison run: {note}", file=sys.stderr)
         prefix = C.load_config().prefix_output if args.prefix is None else args.prefix
         hosts = host_list(args.hosts, args.hostfile)
         np = resolve_np(args, hosts) if not elastic.is_elastic(args) or args.np else 0
@@ -90,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
         if hosts and args.nnodes:
             hosts = hosts[: args.nnodes]
         extra_env, export_names = parse_exports(args.export)
+        extra_env = {**habit_env, **extra_env}  # -x NAME=VALUE wins over a flag's value
         if elastic.is_elastic(args):
             rsh = ssh_template(args.rsh, args.ssh_port, args.ssh_identity_file)
             env = {**os.environ, **extra_env}
@@ -157,7 +164,7 @@ def run_job(
             raise InvalidArgumentError(f"{name} must be > 0 seconds, got {value}")
     secret = secrets.token_bytes(32)
     job_id = f"{int(time.time())}-{os.getpid()}-{secrets.token_hex(3)}"
-    base = os.environ if env is None else env
+    base = {**(os.environ if env is None else env), C.ENV_PREFIX_OUTPUT: "1" if prefix else "0"}
     slots = (
         allocate(hosts, np, oversubscribe)
         if hosts
@@ -170,6 +177,12 @@ def run_job(
         advertised, port = store_endpoint(store_addr, network_interface, first)
         bind = ("0.0.0.0", port)  # the job secret guards it; every host must reach it
     master = (advertised if is_local(slots[0].host) else slots[0].host, free_port(bind[0]))
+    cores = usable_cores()
+    crowded = max((s.local_size for s in slots if is_local(s.host)), default=1)
+    notice = thread_notice(base, crowded, cores)
+    if notice:
+        with contextlib.suppress(OSError, ValueError):
+            (stderr or sys.stderr.buffer).write(f"unison run: {notice}\n".encode())
     with TCPStoreServer(*bind, secret, max_connections=max(1024, 4 * np)) as server:
         server.start()
         store = (advertised, server.address[1])
@@ -186,6 +199,7 @@ def run_job(
                 slot=s,
                 network_interface=network_interface,
                 master=master,
+                cores=cores if is_local(s.host) else None,
             )
             for s in slots
         ]
@@ -205,6 +219,8 @@ def run_job(
                 "store": list(store),
                 "start_timeout": start_timeout or 30.0,
                 "stdin": s.rank in stdin_ranks,
+                # the remote host divides its own cores among its ranks (thread counts)
+                "share_cores": s.local_size if thread_environment(base, s.local_size, 1) else 0,
             }
             launches.append(Launch(remote_argv(rsh, s.host), dict(base), "pipe", header))
         job = JobSupervisor(

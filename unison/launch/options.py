@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from ..errors import InvalidArgumentError
 from .elastic_cli import add_elastic_options
+from .habits import add_habit_options
 from .hosts import add_host_options
 
 __all__ = ["configure_parser", "free_port", "parse_exports", "resolve_np", "stdin_ranks"]
@@ -122,6 +123,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     add_host_options(p)
     add_elastic_options(p)
+    add_habit_options(p)
     p.add_argument(
         "command",
         nargs=argparse.REMAINDER,

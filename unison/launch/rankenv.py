@@ -1,7 +1,9 @@
-"""The environment each rank starts with: unison's, Horovod's and torchrun's variables."""
+"""The environment each rank starts with: unison's, Horovod's and torchrun's variables,
+and a share of the host's cores as every framework's thread count (torchrun's habit)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 
@@ -9,7 +11,53 @@ from .. import config as C
 from .hosts import Slot
 from .output import _isatty
 
-__all__ = ["rank_environment"]
+__all__ = [
+    "THREAD_VARIABLES",
+    "rank_environment",
+    "thread_environment",
+    "thread_notice",
+    "usable_cores",
+]
+
+#: the thread counts frameworks read from the environment at start: OpenMP (torch's
+#: intra-op pool, numpy's BLAS), MKL, OpenBLAS, and TensorFlow's two pools
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def thread_environment(base: Mapping[str, str], local_size: int, cores: int) -> dict[str, str]:
+    """Each of :data:`THREAD_VARIABLES` set to ``cores // local_size`` (at least 1), for
+    a rank that shares its host with ``local_size - 1`` others; nothing when one rank has
+    the host or when ``base`` sets any of them (the user chose)."""
+    if local_size <= 1 or any(base.get(name) for name in THREAD_VARIABLES):
+        return {}
+    share = str(max(1, cores // local_size))
+    return dict.fromkeys(THREAD_VARIABLES, share)
+
+
+def thread_notice(base: Mapping[str, str], local_size: int, cores: int) -> str | None:
+    """The one line the launcher prints when it sets the thread counts, else None."""
+    threads = thread_environment(base, local_size, cores)
+    if not threads:
+        return None
+    return (
+        f"{local_size} ranks share this host's {cores} cores: each runs "
+        f"OMP_NUM_THREADS={threads['OMP_NUM_THREADS']} (and MKL_, OPENBLAS_, "
+        "TF_NUM_INTRA/INTEROP_THREADS); set one of them (-x OMP_NUM_THREADS=N) to choose"
+    )
 
 
 def rank_environment(
@@ -25,9 +73,12 @@ def rank_environment(
     slot: Slot | None = None,
     network_interface: str | None = None,
     master: tuple[str, int] | None = None,
+    cores: int | None = None,
 ) -> dict[str, str]:
     """The environment of one rank (the last ``servers`` ranks serve); ``slot`` places it
-    on a host of a multi-host job (else every rank shares this host)."""
+    on a host of a multi-host job (else every rank shares this host). ``cores``: the
+    usable cores of the rank's host, divided among its ranks as their thread counts
+    (:func:`thread_environment`); None leaves the thread counts alone."""
     env = dict(base)
     slot = slot or Slot(rank, "localhost", rank, size, 0, 1)
     ident = {
@@ -64,6 +115,8 @@ def rank_environment(
         env["UNISON_NETWORK_INTERFACE"] = network_interface
     env["PYTHONUNBUFFERED"] = "1"
     env[C.ENV_OUTPUT_TTY] = "1" if _isatty(sys.stderr) else "0"
+    if cores is not None:
+        env.update(thread_environment(base, slot.local_size, cores))
     if timeout is not None:
         env["UNISON_TIMEOUT"] = repr(float(timeout))
     if servers:

@@ -313,6 +313,11 @@ def main() -> None:
     argv = [str(a) for a in header["argv"]]  # type: ignore[attr-defined]
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in header["env"].items()})  # type: ignore[attr-defined]
+    share = int(str(header.get("share_cores") or 0))
+    if share:  # this host's cores, divided among its ranks (see rankenv.thread_environment)
+        from .rankenv import thread_environment, usable_cores
+
+        env.update(thread_environment(env, share, usable_cores()))
     cwd = str(header.get("cwd") or "")
     if cwd:
         try:

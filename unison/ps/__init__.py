@@ -220,7 +220,7 @@ def _join(wid: int, consistency: Consistency | None, split_bytes: int) -> KVStor
     policy = from_key((str(settings["consistency"][0]), int(settings["consistency"][1])))
     kv = KVStore(rt.world, [n], list(range(n)), policy, split_bytes, worker_id=wid)
     kv._join()
-    log.warning("worker %d joined the running job at clock %d", wid, kv.current_clock)
+    log.debug("worker %d joined the running job at clock %d", wid, kv.current_clock)
     atexit.register(_at_exit, kv)
     return kv
 

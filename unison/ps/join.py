@@ -213,8 +213,8 @@ class JoinWatcher:
                 return
             try:
                 rt = open_join_world(self.job, self.config, ticket, self.index, self.servers)
-            except Exception as exc:
-                log.warning(
+            except Exception as exc:  # the launcher says why and starts another: INFO
+                log.info(
                     "server %d: worker %d (join %d) did not connect: %s",
                     self.index,
                     worker,

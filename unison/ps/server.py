@@ -179,7 +179,9 @@ class Server:
             try:
                 req = self._read(worker, link)
             except CommunicationError as exc:
-                self.inbox.put((gen, _Lost(worker, str(exc))))
+                head, sep, cause = str(exc).partition("): ")  # "recv from rank 1 (tag N): "
+                why = cause if sep and "(tag " in head else str(exc)
+                self.inbox.put((gen, _Lost(worker, why)))
                 return
             except Exception as exc:  # never leave the serving thread waiting
                 self.inbox.put((gen, _Lost(worker, f"receiving failed: {exc!r}")))
@@ -261,7 +263,8 @@ class Server:
                     if not self._admit(gen, item):
                         continue
                     if isinstance(item, _Lost):
-                        log.error("server rank %d: %s", self.rank, item.reason)
+                        if not st.elastic:  # elastic: st.lost says it, at INFO
+                            log.error("server rank %d: %s", self.rank, item.reason)
                         replies = st.lost(item.worker, item.reason)
                     else:
                         replies = st.handle(item)

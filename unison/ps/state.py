@@ -173,7 +173,7 @@ class ServerState:
             return []
         self.gone.add(worker)
         if self.elastic:  # its clock leaves the SSP/BSP computation; the others go on
-            log.warning("worker rank %d left the job (%s); going on without it", worker, reason)
+            log.info("worker rank %d left the job (%s); going on without it", worker, reason)
             self._forget(worker)
             return self._progress()
         if self.failure is None:
@@ -264,7 +264,7 @@ class ServerState:
         # it runs the script from the top: its k-th barrier() is everyone's k-th, so the
         # barriers the others have passed return at once and one they wait in waits for it
         self.barriers[w] = 0
-        log.warning("worker %d joined the job at clock %d", w, start)
+        log.info("worker %d joined the job at clock %d", w, start)
         out.append(self._ok(req, {"clock": start, "workers": len(self.workers)}))
         out.extend(self._progress())
         return out

@@ -295,7 +295,7 @@ class TcpTransport(MatchingTransport):
         conn.dead = reason
         graceful = conn.goodbye or self._closing
         if not graceful:
-            log.warning("rank %d: %s", conn.peer, reason)
+            log.info("lost connection to rank %d (%s)", conn.peer, reason)
         try:
             conn.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
