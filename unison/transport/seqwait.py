@@ -7,7 +7,7 @@ wakes when it publishes; a bounded sleep (:data:`SLEEP_S`) covers a lost wake-up
 (A group-wide bell, one futex word that every member sleeps on and the last
 publisher rings once, was measured against this at np=4 on 2 cores: the same
 sleeps and context switches per call, a rank is seldom woken by more than one
-peer per call; not kept. docs/evidence/issue-11-latency.md, round 5.)
+peer per call; not kept.)
 """
 
 from __future__ import annotations
