@@ -8,6 +8,9 @@ DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
 # the torch release the suite runs on (pyproject.toml's extras accept a range)
 TORCH_VERSION ?= 2.13.0
+# where torch comes from besides the package index, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# for the CPU-only build (the index's Linux torch brings CUDA libraries)
+TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip install --progress-bar on
 
 .PHONY: demo demo-keras primitives test lint typecheck unit soak fuzz clean
@@ -19,7 +22,7 @@ $(BIN)/python:
 
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	@echo "make: installing unison, torch $(TORCH_VERSION) and scikit-learn into $(VENV)"
-	$(PIP) 'torch==$(TORCH_VERSION)'
+	$(PIP) 'torch==$(TORCH_VERSION)' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PIP) -e '.[demo]'
 	touch $@
 
