@@ -158,8 +158,9 @@ def _env(scratch: Path) -> dict[str, str]:
     bindir = os.path.dirname(sys.executable)
     shims = scratch / ".bin"  # `python` is this interpreter even where only python3 exists
     shims.mkdir(exist_ok=True)
-    (shims / "python").unlink(missing_ok=True)
-    (shims / "python").symlink_to(sys.executable)
+    shim = shims / "python"  # a script, not a link: a venv is found from the path run
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
     env = {
         **os.environ,
         "PATH": os.pathsep.join([str(shims), bindir, os.environ.get("PATH", "")]),
