@@ -1,23 +1,40 @@
 # Two set-up commands work on a fresh machine: `make demo` and `make test`.
+# `make demo` installs only what the demo needs (unison, torch, scikit-learn);
+# `make test` adds the other frameworks, Ray, Open MPI and the development tools.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
-# the torch release the suite runs on (pyproject.toml's extra accepts a range)
+# the torch release the suite runs on (pyproject.toml's extras accept a range)
 TORCH_VERSION ?= 2.13.0
+# where torch comes from besides the package index, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# for the CPU-only build (the index's Linux torch brings CUDA libraries)
+TORCH_INDEX ?=
+PIP := $(BIN)/python -m pip install --progress-bar on
 
 .PHONY: demo demo-keras primitives test lint typecheck unit soak fuzz clean
 
-$(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q 'torch==$(TORCH_VERSION)'
-	$(BIN)/pip install -q -e '.[dev,torch,examples,tensorflow,jax,ray]'
-	touch $(STAMP)
+$(BIN)/python:
+	@$(PY) -m venv $(VENV) || { rm -rf $(VENV); echo "make: '$(PY) -m venv' failed;" \
+		"on Debian/Ubuntu: sudo apt install python3-venv"; exit 1; }
+	$(BIN)/python -m pip install --upgrade pip
+
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	@echo "make: installing unison, torch $(TORCH_VERSION) and scikit-learn into $(VENV)"
+	$(PIP) 'torch==$(TORCH_VERSION)' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PIP) -e '.[demo]'
+	touch $@
+
+$(STAMP): $(DEMO_STAMP)
+	@echo "make: installing TensorFlow, Keras, JAX, Ray, Open MPI and the test tools into $(VENV)"
+	$(PIP) 'tensorflow-cpu>=2.16,<3'
+	$(PIP) -e '.[dev,examples,keras,jax,ray,mpi]'
+	touch $@
 
 # The main job: data-parallel training of a CNN on scikit-learn's digits, 2 ranks,
 # through unison.torch (a Horovod script with `import unison.torch as hvd`).
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/unison run -np 2 $(BIN)/python examples/pytorch_digits.py
 
 # The same job in Keras 3 through unison.keras (KERAS_BACKEND=tensorflow|torch|jax).
@@ -26,12 +43,12 @@ demo-keras: $(STAMP)
 	KERAS_BACKEND=$(KERAS_BACKEND) $(BIN)/unison run -np 2 $(BIN)/python examples/keras_digits.py
 
 # Every primitive of the core API once, on 4 ranks.
-primitives: $(STAMP)
+primitives: $(DEMO_STAMP)
 	$(BIN)/unison run -np 4 $(BIN)/python examples/primitives.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check unison tests examples
-	$(BIN)/ruff format --check unison tests examples
+	$(BIN)/ruff check unison tests examples benchmarks
+	$(BIN)/ruff format --check unison tests examples benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy unison

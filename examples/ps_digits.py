@@ -21,7 +21,7 @@ left)::
 
 Worker 0 records the full training loss on the parameters it pulled every
 ``--eval-every`` steps; with ``--out FILE`` it writes the curve, the final test
-accuracy and timings as JSON (``examples/ps_experiment.py`` reads it).
+accuracy and timings as JSON (``benchmarks/ps_experiment.py`` reads it).
 """
 
 from __future__ import annotations

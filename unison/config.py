@@ -239,7 +239,7 @@ KNOBS: tuple[Knob, ...] = (
         "where a host's ranks outnumber its cores, a small collective's wait chooses between "
         "one sched_yield before sleeping on the futex and yield-polling, by the time per call "
         "each gave lately (off by default: under load it did not beat one yield then the "
-        "futex; docs/evidence/issue-11-latency.md, round 5)",
+        "futex)",
     ),
     Knob(
         "UNISON_LOG_LEVEL",

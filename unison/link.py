@@ -11,8 +11,8 @@ inter-host α/β plus the intra-host link and the host layout).
 Layer: this module sits at the bottom of unison (it imports nothing of unison),
 so transports, algorithms, backends and tools may all read it.
 
-Measured values: :data:`DEFAULTS` holds the figures measured once on the
-development VM. A calibration module supplies its own with :func:`set_measured`
+Measured values: :data:`DEFAULTS` holds typical figures of a commodity x86 host,
+used until a host is calibrated. A calibration module supplies its own with :func:`set_measured`
 (``set_measured("shm", Link(alpha=..., beta=...))``) before ``unison.init()``;
 :func:`transport_link` then answers with them. Every rank must supply the same
 values (the choice of algorithm must agree), e.g. from a file the launcher
@@ -128,7 +128,7 @@ class TwoLevelLink(Link):
     per_host: int = 0
 
 
-#: per transport, measured on the 2-core development VM (see docs/bench.md)
+#: per transport: typical figures of a commodity x86 host, until `unison bench --calibrate`
 DEFAULTS: dict[str, Link] = {
     # tcp: one framed message through a socket, both ends
     "tcp": Link(alpha=40e-6, beta=1 / 1.5e9),

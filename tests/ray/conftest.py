@@ -17,7 +17,7 @@ except ImportError:  # the test modules skip themselves with the reason
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[None]:
     if ray is None:
-        pytest.skip("Ray is not installed (pip install 'unison[ray]')")
+        pytest.skip("Ray is not installed (pip install 'unison-collectives[ray]')")
     from ray.cluster_utils import Cluster
 
     # GPUs declared as a resource only (no device is touched): use_gpu's placement and

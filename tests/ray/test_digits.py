@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison[ray]')")
+pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison-collectives[ray]')")
 pytest.importorskip("torch", reason="the digits job needs torch")
 pytest.importorskip("sklearn", reason="the digits job needs scikit-learn")
 

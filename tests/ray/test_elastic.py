@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison[ray]')")
+pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison-collectives[ray]')")
 pytest.importorskip("torch", reason="the elastic job uses unison.torch")
 
 from unison.errors import UnsupportedError

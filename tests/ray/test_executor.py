@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison[ray]')")
+pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison-collectives[ray]')")
 
 import ray
 

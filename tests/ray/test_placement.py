@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison[ray]')")
+pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison-collectives[ray]')")
 
 from unison.launch.hosts import Slot
 from unison.ray.placement import order_by_node

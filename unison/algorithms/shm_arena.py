@@ -89,8 +89,8 @@ def in_cache(p: int, link: Link) -> SharedLink | None:
     """An out-of-cache operation's link at the rates of rounds short enough to keep their
     working set in the cache (:func:`warm_round`): the user's bytes still stream from
     memory once (half a cold copy: its read), the slots and the chunk just read stay in
-    the cache (in-cache reduction, in-cache other half of the copy). Counted on the
-    2-core VM: 1.12e-10 s/byte for the all-reduce's copy and reduction, this model
+    the cache (in-cache reduction, in-cache other half of the copy). On a 2-core
+    host: 1.12e-10 s/byte for the all-reduce's copy and reduction, this model
     1.2e-10, the cold rates 2.07e-10. None where the link is not out-of-cache, the
     rates are unknown, or ``p`` ranks outnumber the cores: ranks sharing a core evict
     each other's rounds, and the extra rounds' syncs each wait for a context switch
@@ -107,7 +107,7 @@ def warm_round(p: int, link: Link) -> int:
     """The longest round whose working set stays in the cache: each of the ``p`` ranks
     touches its chunk and ``p`` slot halves of the round's length, so p·(p+1) rounds'
     bytes must fit the working set the calibration still priced at in-cache rates
-    (:attr:`SharedLink.warm`; half a slot where unknown). Counted on the 2-core VM
+    (:attr:`SharedLink.warm`; half a slot where unknown). For example
     (one process, the all-reduce's copy in and reduction over 256 MiB, CPU time): 4 MiB
     rounds 61 ms, 2 MiB 34 ms, 1 MiB and less 30 ms: a round that outgrows the cache
     reads its chunk and slots from memory twice."""
@@ -121,8 +121,8 @@ def warm_round(p: int, link: Link) -> int:
 def round_fixed(p: int, link: Link, syncs: int = 1) -> float:
     """Seconds a round costs whatever its length: its ``syncs`` synchronisations plus its
     own Python work (slicing the slots, a copy and a kernel call: about one message's
-    Python work at one end, ``(α − hop) / 2`` of a calibrated link, ~4 µs counted on the
-    2-core VM)."""
+    Python work at one end, ``(α − hop) / 2`` of a calibrated link, a few µs on a
+    typical host)."""
     py = (link.alpha - link.hop) / 2 if 0 < link.hop < link.alpha else 0.0
     return syncs * sync_cost(p, link) + py
 

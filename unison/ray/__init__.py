@@ -7,17 +7,19 @@
     print(executor.run(train))          # [rank 0's result, rank 1's result]
     executor.shutdown()
 
-Needs Ray (``pip install 'unison[ray]'``); ``import unison`` never imports it.
+Needs Ray (``pip install 'unison-collectives[ray]'``); ``import unison`` never imports it.
 See docs/ray.md.
 """
 
 from __future__ import annotations
 
+from .._version import install_hint
+
 try:
     import ray as _ray  # noqa: F401
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "unison.ray needs Ray: pip install 'unison[ray]' (or pip install 'ray==2.60.0')"
+        f"unison.ray needs Ray, which is not installed: {install_hint('ray')}"
     ) from _exc
 
 from .discovery import RayHostDiscovery

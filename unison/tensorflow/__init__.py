@@ -13,6 +13,10 @@ buffers and back, eagerly or through ``tf.py_function`` inside ``tf.function``.
 
 from __future__ import annotations
 
+from .._version import require_framework
+
+require_framework("tensorflow", "unison.tensorflow", "tensorflow")  # if missing: an install hint
+
 from ..torch.basics import (
     ProcessSet,
     add_process_set,

@@ -14,6 +14,10 @@ ranks raises on every rank instead of hanging.
 
 from __future__ import annotations
 
+from .._version import require_framework
+
+require_framework("torch", "unison.torch", "torch")  # if missing: an install hint
+
 from . import distributed as _c10d  # noqa: F401  registers the c10d backend "unison"
 from . import elastic
 from .basics import (

@@ -85,7 +85,7 @@ class NegotiationChannel:
         #: instead of driving it (spin, yield): set where this host's ranks outnumber its
         #: cores, where a spinning or yielding waiter takes the processor from the peer
         #: whose message it waits for (per op at np=4 on 2 cores: 25 % less CPU, a third
-        #: of the involuntary context switches; docs/evidence/issue-11-hvd.md)
+        #: of the involuntary context switches)
         self.sleep_wait = False
         #: answer and deliver peers' messages at once, idle or not: set where the posted
         #: any-source receive has no transport request to sleep on (the mpi and torch

@@ -2,7 +2,7 @@
 
 The cost model that picks algorithms needs α (seconds per message), β (seconds
 per byte) and the fixed Python cost of one call. Constants tuned on one
-development VM are wrong on the next machine, so they are *measured* here, at
+machine are wrong on the next, so they are *measured* here, at
 first use on a host, and cached per host under the user cache directory
 (``$XDG_CACHE_HOME/unison`` or ``~/.cache/unison``; ``UNISON_LINK_CACHE``
 overrides, ``off`` disables) in a file keyed by CPU model, usable cores and the

@@ -1,0 +1,163 @@
+"""Training step A/B in one job (issue 11, round 5): the Horovod API (DistributedOptimizer),
+DDP over Gloo, DDP over unison's c10d backend and compute alone (DDP under no_sync),
+interleaved step by step, on the benchmark's models. Per variant: wall min / median (ms),
+process CPU median (ms, getrusage, all threads), context switches median, and the ratios
+of the medians against DDP over Gloo. ``MODEL=conv`` is the default convnet (batch 32);
+``MODEL=comm`` (the default here) the communication-bound MLP of ``--comm-bound`` (16 x
+512 units, batch 1, 19 MB of gradients). Optional Horovod variants, interleaved with the
+rest: ``ALONE=<bytes>`` adds "hvd-alone" (tensors of at least that many bytes are reduced
+in place, never fused: unison.torch.fusion.ALONE_BYTES), ``CYCLE=<ms>`` adds "hvd-cycle"
+(Horovod's cycle time: the engine waits that long to gather more tensors per cycle).
+
+    unison run -np 2 python benchmarks/hvd_train_ab.py [iters]     # 20
+    MODEL=conv unison run -np 2 python benchmarks/hvd_train_ab.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import unison.torch as hvd
+import unison.torch.distributed  # noqa: F401  (the c10d backend "unison")
+from unison.torch.basics import engine_of
+
+sys.path.insert(0, "examples")
+from pytorch_synthetic_benchmark import Net
+
+MODEL = os.environ.get("MODEL", "comm")
+
+
+def make() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    if MODEL == "conv":
+        return Net(), torch.randn(32, 3, 32, 32), torch.randint(0, 1000, (32,))
+    layers: list[nn.Module] = []
+    for _ in range(16):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    m = nn.Sequential(*layers, nn.Linear(512, 1000))
+    return m, torch.randn(1, 512), torch.randint(0, 1000, (1,))
+
+
+def main() -> None:
+    iters = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    steps = int(os.environ.get("STEPS", "5"))  # steps per timed sample
+    hvd.init()
+    torch.set_num_threads(1)
+    port = 0
+    if hvd.rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, 0, name="port")
+    dist.init_process_group(
+        "unison", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size()
+    )
+    gloo = dist.new_group(backend="gloo")
+    eng = engine_of(hvd.global_process_set)
+    m1, data, target = make()
+    o1 = hvd.DistributedOptimizer(
+        torch.optim.SGD(m1.parameters(), lr=0.01), named_parameters=m1.named_parameters()
+    )
+
+    def hstep() -> None:
+        for _ in range(steps):
+            o1.zero_grad()
+            F.cross_entropy(m1(data), target).backward()
+            o1.step()
+
+    fns = {"hvd": hstep}
+    if os.environ.get("ALONE"):  # tensors of at least ALONE bytes never fused
+        from unison.torch import fusion
+
+        alone0, alone1 = fusion.ALONE_BYTES, int(os.environ["ALONE"])
+
+        def hstep_alone() -> None:
+            fusion.ALONE_BYTES = alone1
+            try:
+                hstep()
+            finally:
+                fusion.ALONE_BYTES = alone0
+
+        fns["hvd-alone"] = hstep_alone
+    if os.environ.get("CYCLE"):  # Horovod's cycle time (ms) for this variant
+        import dataclasses
+
+        s0 = eng.settings
+        s1 = dataclasses.replace(s0, cycle_time=float(os.environ["CYCLE"]) / 1000)
+
+        def hstep_cycle() -> None:
+            eng.settings = s1
+            try:
+                hstep()
+            finally:
+                eng.settings = s0
+
+        fns["hvd-cycle"] = hstep_cycle
+    for name, group in (("ddp-gloo", gloo), ("ddp-unison", None)):
+        m = nn.parallel.DistributedDataParallel(make()[0], process_group=group)
+        o = torch.optim.SGD(m.parameters(), lr=0.01)
+
+        def dstep(m: nn.Module = m, o: torch.optim.Optimizer = o) -> None:
+            for _ in range(steps):
+                o.zero_grad()
+                F.cross_entropy(m(data), target).backward()
+                o.step()
+
+        fns[name] = dstep
+        if name == "ddp-gloo":
+
+            def nstep(m: nn.Module = m, o: torch.optim.Optimizer = o) -> None:
+                for _ in range(steps):
+                    o.zero_grad()
+                    with m.no_sync():  # type: ignore[operator]
+                        F.cross_entropy(m(data), target).backward()
+                    o.step()
+
+            fns["compute"] = nstep
+    for f in fns.values():
+        for _ in range(2):
+            f()
+    res: dict[str, list[tuple[float, float, float]]] = {k: [] for k in fns}
+    for i in range(iters):
+        order = list(fns.items())
+        if i % 2:
+            order.reverse()
+        for k, f in order:
+            dist.barrier(group=gloo)
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            t0 = time.perf_counter()
+            f()
+            t1 = time.perf_counter()
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+            cs = r1.ru_nvcsw + r1.ru_nivcsw - r0.ru_nvcsw - r0.ru_nivcsw
+            res[k].append(((t1 - t0) / steps, cpu / steps, cs / steps))
+    out: dict[str, object] = {"model": MODEL, "np": hvd.size(), "load": os.getloadavg()[0]}
+    med = {k: statistics.median(x[0] for x in v) for k, v in res.items()}
+    for k, v in res.items():
+        out[k] = {
+            "min_ms": round(min(x[0] for x in v) * 1e3, 1),
+            "med_ms": round(med[k] * 1e3, 1),
+            "cpu_ms": round(statistics.median(x[1] for x in v) * 1e3, 1),
+            "cs": round(statistics.median(x[2] for x in v)),
+            "vs_ddp_gloo": round(med[k] / med["ddp-gloo"], 2),
+        }
+    if hvd.rank() == 0:
+        print("RESULT", json.dumps(out), flush=True)
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
