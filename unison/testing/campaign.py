@@ -428,11 +428,7 @@ CASES: list[Case] = [
     Case("native-exit", lambda: _job_case("native:exit", "PeerLost")),
     Case("native-stop", lambda: _job_case("native:stop", "any", deadline=9.0)),
     Case("native-root-mismatch", lambda: _job_case("native:mismatch", "mismatch"), quick=True),
-    Case(
-        "torch-engine-kill",
-        lambda: _job_case("torch:kill", "any", deadline=9.0),
-        known="Gloo's error names an address, not the lost rank",
-    ),
+    Case("torch-engine-kill", lambda: _job_case("torch:kill", "PeerLost", deadline=9.0)),
     Case("torch-engine-mismatch", lambda: _job_case("torch:mismatch-dtype", "mismatch")),
     Case(
         "mpi-engine-mismatch",
