@@ -13,7 +13,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip install --progress-bar on
 
-.PHONY: demo demo-keras primitives test lint typecheck unit soak fuzz clean
+.PHONY: demo demo-keras primitives test lint typecheck unit soak faults fuzz clean
 
 $(BIN)/python:
 	@$(PY) -m venv $(VENV) || { rm -rf $(VENV); echo "make: '$(PY) -m venv' failed;" \
@@ -64,6 +64,12 @@ test: lint typecheck unit
 # 20,000 random operations at np=4, every result checked (a short form runs in `make test`).
 soak: $(STAMP)
 	$(BIN)/unison run -np 4 $(BIN)/python -m unison.testing.soak --ops 20000 --seed 1
+
+# The fault campaign: kill/stop/exit/mismatch on the native API, unison.torch, c10d+DDP
+# and the torch and mpi engines, hostile store clients, leftovers after each case; one
+# line per case, non-zero on a regression (its short part runs in `make test`).
+faults: $(STAMP)
+	$(BIN)/python -m unison.testing.campaign
 
 # The network-facing parsers under many more generated inputs.
 fuzz: $(STAMP)

@@ -163,7 +163,7 @@ def connect_mesh(
                 sock, secret, job, rank, size, min(deadline, time.monotonic() + 5)
             )
         except (OSError, AuthenticationError, struct.error) as exc:
-            log.warning("rejected a connection to the peer port: %s", exc)
+            stranger(f"failed the handshake: {exc}")
             sock.close()
             return
         with cond:
@@ -175,6 +175,22 @@ def connect_mesh(
             cond.notify_all()
 
     slots = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+    strangers = [0]
+
+    def stranger(why: str) -> None:
+        """A connection refused before it authenticated: said once at INFO, then counted."""
+        with cond:
+            strangers[0] += 1
+            first = strangers[0] == 1
+        if first:
+            log.info(
+                "rank %d: refused a connection to the peer port (%s); further ones are "
+                "counted, logged at DEBUG",
+                rank,
+                why,
+            )
+        else:
+            log.debug("rank %d: refused a connection to the peer port: %s", rank, why)
 
     def guarded(sock: socket.socket) -> None:
         try:
@@ -195,7 +211,7 @@ def connect_mesh(
                 return
             if not slots.acquire(blocking=False):
                 # Too many unfinished handshakes (a flood): refuse rather than grow threads.
-                log.warning("refused a connection to the peer port: too many pending handshakes")
+                stranger("too many pending handshakes")
                 sock.close()
                 continue
             threading.Thread(target=guarded, args=(sock,), daemon=True).start()
@@ -251,3 +267,5 @@ def connect_mesh(
             listener.shutdown(socket.SHUT_RDWR)
         listener.close()
         acceptor.join(timeout=2)
+        if strangers[0] > 1:
+            log.info("rank %d: refused %d connections to the peer port", rank, strangers[0])

@@ -134,6 +134,31 @@ def test_torch_group_refuses_after_timeout() -> None:
     assert "unusable since an earlier failure" in outs[0].value, outs[0].value
 
 
+def _one_rank_killed() -> str:
+    import signal
+
+    x = np.ones(1 << 14, np.float32)
+    try:
+        for step in range(200):
+            if step == 10 and un.rank() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            un.all_reduce(x)
+    except un.PeerLostError as exc:
+        return str(exc)
+    raise AssertionError("no PeerLostError")
+
+
+@pytest.mark.timeout(90)
+def test_torch_engine_names_the_killed_rank_on_every_survivor() -> None:
+    """Gloo reports a closed connection (an address); the survivors' error named no rank."""
+    env = {"UNISON_BACKEND": "torch", "UNISON_TIMEOUT": "20"}
+    outs = run_ranks(_one_rank_killed, 3, env=env, timeout=70)
+    assert not outs[1].ok and outs[1].exitcode == -9
+    for o in (outs[0], outs[2]):
+        assert o.ok, o.describe()
+        assert "rank 1 was lost" in o.value, o.value
+
+
 @needs_mpi
 @pytest.mark.timeout(90)
 def test_mpi_mismatch_and_refusal() -> None:

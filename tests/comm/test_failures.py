@@ -92,6 +92,51 @@ def test_mismatched_calls_raise_on_every_rank(kind: str) -> None:
         assert any("root=0" in m and "root=1" in m for m in msgs), msgs
 
 
+def _each_its_own_root(kind: str, n: int) -> str:
+    """Every rank believes it is the root: all wait to receive, none sends."""
+    r, p = un.rank(), un.size()
+    x = np.full(n, r + 1.0, np.float32)
+    try:
+        if kind == "gather":
+            un.gather(x, [np.empty(n, np.float32) for _ in range(p)], dst=r)
+        else:
+            un.reduce(x, dst=r)
+    except un.MismatchError as exc:
+        return f"{exc.op}: {exc}"
+    raise AssertionError("no mismatch detected")
+
+
+@pytest.mark.parametrize("n", [8, 200_000])
+@pytest.mark.parametrize("kind", ["gather", "reduce"])
+@pytest.mark.parametrize("p", [2, 3])
+def test_root_mismatch_in_gather_and_reduce_fails_fast(p: int, kind: str, n: int) -> None:
+    """It hung to the deadline (60 s here), then blamed a live rank for not answering."""
+    start = time.monotonic()
+    msgs = spawn(_each_its_own_root, p, args=(kind, n), env={"UNISON_TIMEOUT": "60"}, timeout=90)
+    assert time.monotonic() - start < 30, "mismatch found only by the timeout"
+    for m in msgs:
+        assert m.startswith(f"{kind}: ") and "mismatch" in m and "root=" in m, m
+
+
+def _splits_disagree() -> str:
+    """Rank 0's splits say it sends itself nothing but expects 4 elements from itself."""
+    r = un.rank()
+    out, inp = np.empty(4, np.float32), np.arange(4, dtype=np.float32)
+    splits = ([4, 0], [0, 4]) if r == 0 else ([2, 2], [2, 2])
+    try:
+        un.all_to_all_single(out, inp, *splits)
+    except un.MismatchError as exc:
+        return f"{exc.op}: {exc}"
+    raise AssertionError("no mismatch detected")
+
+
+def test_all_to_all_single_splits_that_disagree_raise_mismatch_on_every_rank() -> None:
+    """Rank 0 got a raw numpy ValueError (its own block copied into a larger one)."""
+    msgs = spawn(_splits_disagree, 2, env={"UNISON_TIMEOUT": "30"}, timeout=60)
+    for m in msgs:
+        assert m.startswith("all_to_all: ") and "rank 0 sends itself 0 bytes" in m, m
+
+
 def _dies() -> None:
     r = un.rank()
     un.barrier()

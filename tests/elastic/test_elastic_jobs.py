@@ -215,6 +215,33 @@ print("round", w.latest())
 """
 
 
+_SHRINK_BELOW_MIN = """
+import os, sys, time
+if os.environ["UNISON_ELASTIC_ID"] == "localhost[0]":
+    with open(sys.argv[1], "w") as f:
+        f.write("localhost:1\\n")  # the host now lists one slot of its two
+time.sleep(60)  # the job must end: 1 slot is below --min-np 2
+"""
+
+
+def test_host_whose_slots_shrink_below_min_np_ends_the_job(tmp_path: Path) -> None:
+    """A host listing fewer slots kept all its workers (the world re-formed as before and
+    trained on below --min-np); as Horovod, its extra workers go and the job waits
+    --elastic-timeout for the minimum, then ends."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    code = tmp_path / "w.py"
+    code.write_text(_SHRINK_BELOW_MIN)
+    r = _unison(
+        tmp_path, "-np", "2", "--min-np", "2", "--max-np", "2", "--elastic-timeout", "2",
+        "--host-discovery-script", f"cat {hosts}", sys.executable, str(code), str(hosts),
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "slots removed by discovery: localhost now 1" in r.stderr, r.stderr
+    assert "Timed out waiting for minimum number of slots to become available" in r.stderr
+    assert "--min-np 2; 1 available after 2 s" in r.stderr, r.stderr
+
+
 def test_removed_host_and_reset_limit(tmp_path: Path) -> None:
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")

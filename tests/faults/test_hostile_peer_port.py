@@ -5,6 +5,7 @@ connections. Each is refused; the job connects and computes correctly."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import struct
@@ -82,6 +83,12 @@ def _job() -> dict[str, int]:
 
     rank = int(os.environ["UNISON_RANK"])
     stats: dict[str, int] = {}
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    boot = logging.getLogger("unison.bootstrap")
+    boot.addHandler(handler)
+    boot.setLevel(logging.DEBUG)
     if rank == 1:
         # Rank 0 publishes its listener first; attack it before joining.
         host, port = os.environ[ENV_STORE_ADDR].rsplit(":", 1)
@@ -101,6 +108,9 @@ def _job() -> dict[str, int]:
     un.barrier()
     stats["threads"] = threading.active_count()
     stats["fds"] = len(os.listdir("/proc/self/fd"))
+    stats["warnings"] = sum(r.levelno >= logging.WARNING for r in records)
+    stats["info_lines"] = sum(r.levelno == logging.INFO for r in records)
+    stats["refused"] = sum("peer port" in r.getMessage() for r in records)
     return stats
 
 
@@ -116,6 +126,10 @@ def test_strangers_at_the_peer_port_are_refused_and_the_job_runs() -> None:
     attacked, quiet = outs[0].value, outs[2].value
     assert attacked["threads"] <= quiet["threads"] + 2, (attacked, quiet)
     assert attacked["fds"] <= quiet["fds"] + 4, (attacked, quiet)
+    # each stranger is counted (DEBUG), not a warning line each in the job's output: one
+    # INFO line for the first, one with the total
+    assert attacked["refused"] >= 6 and attacked["warnings"] == 0, attacked
+    assert attacked["info_lines"] <= 2, attacked
 
 
 def _late_rank_still_connects() -> None:

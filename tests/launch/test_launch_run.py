@@ -205,6 +205,87 @@ def test_killed_by_signal_is_reported(tmp_path: Path) -> None:
     assert_all_gone(recorded_pids(tmp_path))
 
 
+def test_survivor_that_lost_a_peer_is_not_blamed(tmp_path: Path) -> None:
+    """The survivor's error (it lost rank 1) exits and is reaped before the rank that was
+    killed: the launcher named the survivor (its error carries no failure record)."""
+    prog = script(
+        tmp_path,
+        """
+        all_started()
+        if RANK == 0:
+            print("HorovodInternalError: allreduce.w failed: rank 1 was lost (reset)",
+                  file=sys.stderr, flush=True)
+            sys.exit(1)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """,
+    )
+    res = unison("run", "-np", "2", sys.executable, prog)
+    assert "rank 1 failed first (killed by SIGKILL)" in res.stderr, res.stderr
+    assert res.returncode == 128 + signal.SIGKILL
+
+
+def test_setsid_grandchild_does_not_outlive_the_job(tmp_path: Path) -> None:
+    """A rank's child that calls setsid() leaves the rank's process group: a group signal
+    missed it and it outlived the job (mpirun and torchrun end it)."""
+    prog = script(
+        tmp_path,
+        """
+        all_started()
+        if os.fork() == 0:
+            os.setsid()
+            open(os.path.join(PIDS, f"s{RANK}"), "w").write(str(os.getpid()))
+            time.sleep(60)
+            os._exit(0)
+        while not os.path.exists(os.path.join(PIDS, f"s{RANK}")):
+            time.sleep(0.01)
+        if RANK == 1:
+            sys.exit(3)
+        time.sleep(60)
+    """,
+    )
+    res = unison("run", "-np", "2", sys.executable, prog)
+    assert res.returncode == 3, res.stderr
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 4
+    try:
+        assert_all_gone(pids)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_setsid_grandchild_of_a_finished_job_is_ended(tmp_path: Path) -> None:
+    prog = script(
+        tmp_path,
+        """
+        all_started()
+        if os.fork() == 0:
+            os.setsid()
+            open(os.path.join(PIDS, f"s{RANK}"), "w").write(str(os.getpid()))
+            time.sleep(60)
+            os._exit(0)
+        while not os.path.exists(os.path.join(PIDS, f"s{RANK}")):
+            time.sleep(0.01)
+    """,
+    )
+    res = unison("run", "-np", "2", sys.executable, prog)
+    assert res.returncode == 0, res.stderr
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 4
+    try:
+        assert_all_gone(pids)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_later_failures_are_not_blamed(tmp_path: Path) -> None:
     # rank 1 fails first; rank 0 turns our SIGTERM into exit 5 (a consequence, not a cause)
     prog = script(

@@ -68,7 +68,10 @@ class Raw:
         self.sock.settimeout(timeout)
         got = b""
         while True:
-            chunk = self.sock.recv(4096)
+            try:
+                chunk = self.sock.recv(4096)
+            except ConnectionResetError:  # closed with our unread bytes in its buffer
+                return got
             if not chunk:
                 return got
             got += chunk
@@ -107,13 +110,90 @@ def test_wrong_secret_raises_authentication_error(
     server: TCPStoreServer, baseline: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     host, port = server.address
-    with caplog.at_level(logging.WARNING, logger="unison.store"):
+    with caplog.at_level(logging.INFO, logger="unison.store"):
         with pytest.raises(AuthenticationError, match=f"{host}:{port} rejected our job secret"):
             TCPStore(host, port, b"another job's secret", timeout=5)
     assert any(
-        "failed authentication" in r.getMessage() and host in r.getMessage() for r in caplog.records
+        "did not authenticate" in r.getMessage() and "wrong job secret" in r.getMessage()
+        for r in caplog.records
     )
+    assert server.num_strangers() == 1
     assert_healthy(server, baseline)
+
+
+def test_strangers_counted_not_logged_one_by_one(
+    server: TCPStoreServer, baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flood of strangers (wrong secret, junk, huge headers) writes one line, not one each."""
+    with caplog.at_level(logging.INFO, logger="unison.store"):
+        for i in range(30):
+            raw = Raw(server)
+            if i % 3 == 0:
+                raw.sock.sendall(raw.frame(p.encode_body(p.StoreOp.PING, []), secret=b"guess"))
+            elif i % 3 == 1:
+                raw.sock.sendall(p.HEADER.pack(p.MAX_FRAME))
+            else:
+                raw.sock.sendall(b"GET / HTTP/1.0\r\n\r\n" * 8)
+            raw.closed_by_server()
+            raw.close()
+        assert wait_until(lambda: server.num_strangers() == 30)
+    lines = [r for r in caplog.records if r.name.startswith("unison.store")]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO, [r.getMessage() for r in lines]
+    assert_healthy(server, baseline)
+
+
+_RSS_SERVER = """
+import sys
+from unison.store import TCPStoreServer
+srv = TCPStoreServer(secret=b"s3cret", frame_timeout=30.0).start()
+print(srv.address[1], flush=True)
+sys.stdin.read()
+"""
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_strangers_announcing_huge_frames_hold_a_few_kib_each() -> None:
+    """48 strangers each announce a frame just under the limit and send 2 MiB of it: the
+    server must not buffer any of it before the first frame authenticates (it did: 16 MiB
+    a connection, ~100 MB here)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RSS_SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    socks: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        time.sleep(0.3)
+        before = _rss_kib(proc.pid)
+        junk = b"\0" * (256 << 10)
+        for _ in range(48):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            socks.append(s)
+            s.recv(p.HELLO)
+            try:
+                s.sendall(p.HEADER.pack(p.MAX_FRAME - 1))
+                for _ in range(8):  # 2 MiB of the announced body
+                    s.sendall(junk)
+            except OSError:
+                pass  # the server closed it: what a stranger should get
+        time.sleep(0.5)
+        grown = _rss_kib(proc.pid) - before
+        assert grown < 8 << 10, f"the store grew {grown} KiB holding 48 strangers' bytes"
+    finally:
+        for s in socks:
+            s.close()
+        proc.kill()
+        proc.wait()
 
 
 def test_random_bytes_close_connection(server: TCPStoreServer, baseline: int) -> None:

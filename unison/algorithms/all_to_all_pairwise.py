@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import MismatchError
 from ..link import Link
 from ._context import OpContext
 from .topology import Topology
@@ -36,6 +37,16 @@ def supports(p: int, n: int, topo: Topology) -> bool:
 
 def run(ctx: OpContext, outs: Sequence[np.ndarray], ins: Sequence[np.ndarray]) -> None:
     p, r = ctx.size, ctx.rank
+    if outs[r].nbytes != ins[r].nbytes:  # split sizes that disagree with themselves
+        me = ctx.ranks[r]
+        raise MismatchError(
+            f"mismatched message sizes at {ctx.name}: rank {me} sends itself "
+            f"{ins[r].nbytes} bytes but expects {outs[r].nbytes} bytes from itself",
+            op=ctx.op.label,
+            seq=ctx.seq,
+            group=ctx.group_id,
+            ranks=(me,),
+        )
     outs[r][:] = ins[r]
     for i in range(1, p):
         dst, src = (r + i) % p, (r - i) % p

@@ -99,9 +99,14 @@ class MPIBackend:
         except self.MPI.Exception as exc:
             raise comm_error("mpi", name, exc) from exc
         Testall = self.MPI.Request.Testall
+        # mpi4py's nonblocking calls keep no reference to the buffers they read and write:
+        # the poll holds ``start`` (whose closure holds them all) until the requests finish,
+        # or a temporary (reduce_scatter's concatenated input, a packed scatter or
+        # all_to_all send buffer) is freed and its memory reused while MPI still reads it
+        inflight = (reqs, start)
         work = poll_work(
             name,
-            lambda: bool(Testall(reqs)),
+            lambda: bool(Testall(inflight[0])),
             comm.config.timeout,
             lambda e: comm_error("mpi", name, e),
             done,

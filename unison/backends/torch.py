@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import os
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._types import ReduceOp
+from ..bootstrap import host_identity
 from ..buffers import Buffer, DType, finalize_average, is_torch_tensor
 from ..comm.group import ANY_SOURCE
 from ..comm.work import Work
-from ..errors import MismatchError, UnsupportedError
+from ..errors import CommunicationError, MismatchError, PeerLostError, UnsupportedError
 from .base import BackendRuntime, check_launch, comm_error, pack, poll_work, raw, unpack
 
 if TYPE_CHECKING:
@@ -36,6 +38,15 @@ if TYPE_CHECKING:
 __all__ = ["TorchBackend", "open_runtime"]
 
 _PORT_KEY = "unison/torch/port"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, killed and not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _unsupported(e: BaseException) -> bool:
@@ -60,6 +71,7 @@ class TorchBackend:
         self.timeout = config.timeout
         self.owned = False
         self.groups: dict[int, Any] = {}
+        self.procs: dict[int, tuple[int, str]] = {}  # rank -> (pid, host identity)
         r = dist.ReduceOp
         self._ops = {
             ReduceOp.SUM: r.SUM,
@@ -86,6 +98,11 @@ class TorchBackend:
                 store, rank, size = self._rendezvous(config)
                 dist.init_process_group(pg, store=store, rank=rank, world_size=size, timeout=td)
             self.owned = True
+            if not torch.cuda.is_available() and dist.get_world_size() > 1:
+                # where each rank runs, to name a lost one (Gloo's error names an address)
+                procs: list[Any] = [None] * dist.get_world_size()
+                dist.all_gather_object(procs, (os.getpid(), host_identity()))
+                self.procs = {r: (int(p[0]), str(p[1])) for r, p in enumerate(procs)}
         self.groups[0] = dist.group.WORLD
         return int(dist.get_rank()), int(dist.get_world_size())
 
@@ -235,7 +252,31 @@ class TorchBackend:
     def _error(self, name: str, exc: BaseException) -> BaseException:
         if _unsupported(exc):
             return UnsupportedError(f"{name}: the torch backend cannot do this: {exc}")
-        return comm_error("torch", name, exc)
+        err = comm_error("torch", name, exc)
+        lost = self._lost_ranks() if type(err) is CommunicationError else []
+        if lost:  # Gloo says which address closed; name the rank whose process ended
+            who = ", ".join(map(str, lost))
+            return PeerLostError(
+                f"{name}: rank{'s' if len(lost) > 1 else ''} {who} "
+                f"{'were' if len(lost) > 1 else 'was'} lost (the process ended); {err}",
+                op=name,
+                ranks=tuple(lost),
+            )
+        return err
+
+    def _lost_ranks(self, settle: float = 1.0) -> list[int]:
+        """Ranks on this host whose process is gone (those elsewhere cannot be seen).
+
+        A killed process closes its sockets before it is a zombie: Gloo may report the
+        closed connection first, so a process ending is awaited up to ``settle`` s."""
+        here, me = host_identity(), os.getpid()
+        local = [(r, pid) for r, (pid, where) in sorted(self.procs.items()) if where == here]
+        end = time.monotonic() + settle
+        while True:
+            lost = [r for r, pid in local if pid != me and not _running(pid)]
+            if lost or not local or time.monotonic() >= end:
+                return lost
+            time.sleep(0.02)
 
     # --- collectives -----------------------------------------------------------------------
     def broadcast(self, comm: Group, b: Buffer, root: int) -> Work:

@@ -203,8 +203,15 @@ class ElasticDriver:
         gone = {w.member.host for w in self._live()} - set(self.hosts)
         for host in sorted(gone):
             self._end_workers_on(host)
-        if gone:
-            self._reform(f"hosts removed by discovery: {', '.join(sorted(gone))}")
+        shrunk = self._end_workers_beyond_slots()
+        if gone or shrunk:
+            why = [f"hosts removed by discovery: {', '.join(sorted(gone))}"] if gone else []
+            if shrunk:
+                why.append(
+                    "slots removed by discovery: "
+                    + ", ".join(f"{h} now {self.hosts[h]}" for h in shrunk)
+                )
+            self._reform("; ".join(why))
             return
         if self.waiting_since is not None:
             self._reform(self.pending_reason)
@@ -324,6 +331,23 @@ class ElasticDriver:
         if rp.pidfd is not None:
             w.pidfd = rp.pidfd
             self.sel.register(rp.pidfd, selectors.EVENT_READ, w)
+
+    def _end_workers_beyond_slots(self) -> list[str]:
+        """End the workers a host no longer has slots for (its newest first, as Horovod
+        removes a host's highest local ranks); the hosts that shrank."""
+        by_host: dict[str, list[_Worker]] = {}
+        for w in self._live():
+            by_host.setdefault(w.member.host, []).append(w)
+        shrunk = []
+        for host, ws in by_host.items():
+            slots = self.hosts.get(host)
+            if slots is None or len(ws) <= slots:
+                continue
+            shrunk.append(host)
+            for w in sorted(ws, key=lambda w: w.seq)[slots:]:
+                w.ended_by_driver = True
+                w.proc.signal_group(signal.SIGKILL)
+        return sorted(shrunk)
 
     def _end_workers_on(self, host: str) -> None:
         for w in self._live():

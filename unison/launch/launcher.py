@@ -57,7 +57,9 @@ from .remote import StdinForwarder
 from .supervise import (
     Launch,
     RankProcess,
+    become_subreaper,
     describe_exit,
+    end_leftovers,
     exit_status,
     signal_name,
     start_rank,
@@ -68,7 +70,13 @@ __all__ = ["JobSupervisor", "configure_parser", "main", "rank_environment", "run
 
 GRACE_SECONDS = 3.0  # between SIGTERM and SIGKILL
 #: a failure reason with one of these is the consequence of another rank's failure
-_CONSEQUENCES = ("PeerLostError", "AbortedError", "has shut down", "lost connection to rank")
+_CONSEQUENCES = (
+    "PeerLostError",
+    "AbortedError",
+    "has shut down",
+    "lost connection to rank",
+    "was lost",
+)
 FAILURE_GRACE = 2.0  # after a failure, before the others get SIGTERM (they say why first)
 DRAIN_SECONDS = 2.0  # output still read after the last rank exited
 EXIT_JOB_TIMEOUT = 124
@@ -289,6 +297,7 @@ class JobSupervisor:
             os.set_blocking(fd, False)
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         signals = self._install_signals()
+        signals.callback(become_subreaper())  # a rank's setsid()'d descendants come to us
         try:
             status = self._start_all()
             if status is None:
@@ -462,7 +471,11 @@ class JobSupervisor:
         for order, rp in enumerate(self.failed):
             raw = self.server.get_local(FAILURE_KEY.format(rank=rp.rank))
             why, when = parse_failure_record(raw) if raw is not None else (None, None)
-            consequence = bool(why) and any(w in str(why) for w in _CONSEQUENCES)
+            # without a record (an error raised outside the core API: unison.torch, c10d),
+            # the rank's last stderr line says whether it only lost a peer; ranks reaped
+            # in one pass are in rank order, so a survivor's error may come first
+            said = why or self.output.last_stderr_line(rp.rank)
+            consequence = bool(said) and any(w in str(said) for w in _CONSEQUENCES)
             key = (consequence, when if when is not None else float("inf"), order)
             if best is None or key < best[0]:
                 best = (key, rp, why)
@@ -471,6 +484,7 @@ class JobSupervisor:
     def _verdict(self) -> int:
         if self.stop_reason in ("timeout", "signal"):
             return self.stop_status
+        self.output.close_all()  # every rank's last stderr line is in (see _blame)
         blamed = self._blame()
         if blamed is None:
             if self.stop_reason == "failure":  # only launcher-caused exits: odd, not 0
@@ -478,7 +492,6 @@ class JobSupervisor:
             return 0
         rp, why = blamed
         assert rp.returncode is not None
-        self.output.close_all()  # the last stderr line must be in
         why = why or self.output.last_stderr_line(rp.rank)
         where = f" on host {self.hosts[rp.rank]}" if self.hosts else ""
         line = f"rank {rp.rank}{where} failed first ({describe_exit(rp.returncode)})"
@@ -501,6 +514,9 @@ class JobSupervisor:
             rp.poll()
             rp.close_pidfd()
             rp.close_ctl()
+        job = self.envs[0].get(C.ENV_JOB_ID) if self.envs else None
+        if job:  # descendants that left their rank's session (setsid) and outlived it
+            end_leftovers(f"{C.ENV_JOB_ID}={job}")
         self.output.close_all()
         self.sel.close()
         for fd in (self._wake_r, self._wake_w):

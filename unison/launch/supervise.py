@@ -4,6 +4,12 @@ Each rank runs in its own session (so its whole process group can be signalled) 
 asks the kernel for ``SIGKILL`` when the launcher dies (``PR_SET_PDEATHSIG``), so
 no orphan survives even a ``kill -9`` of the launcher. Exits are observed through
 ``pidfd`` descriptors in the launcher's selector: no polling.
+
+A descendant that left the rank's session (``setsid()``, a daemonising library) is
+out of reach of a process-group signal. While a job runs the launcher is a *child
+subreaper* (``PR_SET_CHILD_SUBREAPER``): such orphans are re-parented to it, not to
+init, and at the end :func:`end_leftovers` kills and reaps every process that still
+carries the job's id in its environment.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from typing import Any, cast
 __all__ = [
     "Launch",
     "RankProcess",
+    "become_subreaper",
     "describe_exit",
+    "end_leftovers",
     "exit_status",
     "signal_name",
     "start_rank",
@@ -31,6 +39,8 @@ __all__ = [
 ]
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -55,6 +65,48 @@ def _preexec(parent: int) -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return run_in_child
+
+
+def become_subreaper() -> Callable[[], None]:
+    """Make this process the reaper of its orphaned descendants; returns the undo."""
+    prctl = _PRCTL
+    if prctl is None:
+        return lambda: None
+    was = ctypes.c_int(0)
+    with contextlib.suppress(Exception):
+        prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(was), 0, 0, 0)
+    if prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        return lambda: None
+    previous = int(was.value)
+
+    def undo() -> None:
+        prctl(_PR_SET_CHILD_SUBREAPER, previous, 0, 0, 0)
+
+    return undo
+
+
+def end_leftovers(marker: str, spare: Sequence[int] = ()) -> list[int]:
+    """SIGKILL every process of this user whose environment holds ``marker`` (``NAME=value``,
+    the job's id), other than ``spare``; reap those that are this process's children
+    (orphans re-parented here). Returns the pids killed."""
+    want, me, killed = marker.encode(), os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in spare or int(entry) == me:
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:  # gone, or another user's
+            continue
+        if want in env:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    for pid in killed:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)  # ours (re-parented here): reap it; not ours: nothing to do
+    return killed
 
 
 def signal_name(signum: int) -> str:

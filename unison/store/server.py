@@ -7,10 +7,18 @@ Defences, in the order a hostile peer meets them:
 * a connection must complete its first authenticated frame within ``frame_timeout``
   of accepting, and every later frame within ``frame_timeout`` (plus 1 s per MiB
   announced) of its first byte (slowloris);
-* a header announcing more than :data:`~._proto.MAX_FRAME` bytes closes the
-  connection before anything is allocated;
+* before a connection has authenticated, its first frame may announce at most
+  :data:`FIRST_FRAME_MAX` bytes (a client's first request is a bodiless ping) and at
+  most that much is read from it: an unauthenticated peer holds a few KiB of the
+  server's memory, whatever it announces or sends; afterwards a header announcing
+  more than :data:`~._proto.MAX_FRAME` bytes closes the connection before anything
+  is allocated;
 * a frame whose MAC fails (wrong secret, replay, another connection's frame) closes
-  the connection at once and is logged with the peer address.
+  the connection at once.
+
+Connections dropped before they authenticated (strangers, scanners, other jobs) are
+counted (:meth:`TCPStoreServer.num_strangers`), logged one by one at DEBUG only, the
+first of them once at INFO: a flood of them writes nothing into the job's output.
 
 Blocking ``get``/``wait`` requests are parked until their keys appear or the
 client's timeout passes; nothing polls.
@@ -30,12 +38,14 @@ from ..log import get_logger
 from . import _proto as p
 from ._kv import KVState, Parked
 
-__all__ = ["TCPStoreServer"]
+__all__ = ["FIRST_FRAME_MAX", "TCPStoreServer"]
 
 _log = get_logger("store")
 _RECV_CHUNK = 1 << 16
 _ACCEPT_BURST = 64
 _MIN_RATE = 1 << 20  # bytes/s an authenticated peer is granted for a large frame
+FIRST_FRAME_MAX = 1 << 10  # largest body an unauthenticated connection may announce
+_FIRST_FRAME_BUF = p.HEADER.size + p.MAC_LEN + FIRST_FRAME_MAX
 
 
 class _Conn:
@@ -104,6 +114,7 @@ class TCPStoreServer:
         self._kv = KVState()
         self._conns: dict[int, _Conn] = {}
         self._accept_paused_until = 0.0
+        self._strangers = 0
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -131,6 +142,10 @@ class TCPStoreServer:
 
     def num_connections(self) -> int:
         return len(self._conns)
+
+    def num_strangers(self) -> int:
+        """Connections dropped before they authenticated, since the server started."""
+        return self._strangers
 
     def num_parked(self) -> int:
         """Requests (get/wait) currently waiting for keys."""
@@ -209,9 +224,11 @@ class TCPStoreServer:
         for conn in list(self._conns.values()):
             deadline = self._frame_deadline(conn)
             if deadline is not None and now >= deadline:
-                what = "a frame" if conn.authed else "its first authenticated frame"
-                _log.warning("store: dropping %s: too slow to complete %s", conn.peer, what)
-                self._drop(conn)
+                if conn.authed:
+                    _log.warning("store: dropping %s: too slow to complete a frame", conn.peer)
+                    self._drop(conn)
+                else:
+                    self._refuse(conn, "too slow to complete its first authenticated frame")
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._sel.register(self._listener, selectors.EVENT_READ, None)
@@ -230,7 +247,8 @@ class TCPStoreServer:
                 return
             peer = f"{addr[0]}:{addr[1]}"
             if len(self._conns) >= self._max and not self._evict_one():
-                _log.warning("store: refusing %s: %d connections open", peer, self._max)
+                self._strangers += 1
+                _log.debug("store: refusing %s: %d connections open", peer, self._max)
                 sock.close()
                 continue
             sock.setblocking(False)
@@ -245,12 +263,23 @@ class TCPStoreServer:
         """Drop the oldest unauthenticated connection to make room; False if none."""
         for conn in self._conns.values():  # dicts keep insertion order: oldest first
             if not conn.authed:
-                _log.warning(
-                    "store: at %d connections; dropping unauthenticated %s", self._max, conn.peer
-                )
-                self._drop(conn)
+                self._refuse(conn, f"evicted: {self._max} connections open")
                 return True
         return False
+
+    def _refuse(self, conn: _Conn, why: str) -> None:
+        """Drop a connection that never authenticated: counted, said once at INFO."""
+        self._strangers += 1
+        if self._strangers == 1:
+            _log.info(
+                "store: dropped a connection that did not authenticate (%s: %s); "
+                "further ones are counted, logged at DEBUG",
+                conn.peer,
+                why,
+            )
+        else:
+            _log.debug("store: dropped unauthenticated %s: %s", conn.peer, why)
+        self._drop(conn)
 
     def _drop(self, conn: _Conn) -> None:
         if conn.parked is not None:
@@ -282,15 +311,23 @@ class TCPStoreServer:
                 self._sel.modify(conn.sock, events, conn)
 
     def _read(self, conn: _Conn) -> None:
+        # before authentication, never hold more than one small first frame
+        want = _RECV_CHUNK if conn.authed else _FIRST_FRAME_BUF - len(conn.inbuf)
+        if want <= 0:  # a whole first frame is buffered and was not taken: cannot happen
+            self._refuse(conn, "first frame not understood")
+            return
         try:
-            data = conn.sock.recv(_RECV_CHUNK)
+            data = conn.sock.recv(want)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._drop(conn)
             return
         if not data:
-            self._drop(conn)
+            if conn.authed:
+                self._drop(conn)
+            else:
+                self._refuse(conn, "closed before authenticating")
             return
         if conn.closing:
             return
@@ -307,14 +344,18 @@ class TCPStoreServer:
             if len(conn.inbuf) < p.HEADER.size:
                 break
             (length,) = p.HEADER.unpack_from(conn.inbuf)
-            if length > p.MAX_FRAME:
-                _log.warning(
-                    "store: %s announced a %d-byte frame (limit %d); closing",
-                    conn.peer,
-                    length,
-                    p.MAX_FRAME,
-                )
-                self._drop(conn)
+            limit = p.MAX_FRAME if conn.authed else FIRST_FRAME_MAX
+            if length > limit:
+                if conn.authed:
+                    _log.warning(
+                        "store: %s announced a %d-byte frame (limit %d); closing",
+                        conn.peer,
+                        length,
+                        limit,
+                    )
+                    self._drop(conn)
+                else:
+                    self._refuse(conn, f"its first frame announced {length} bytes")
                 return
             end = p.HEADER.size + p.MAC_LEN + length
             if len(conn.inbuf) < end:
@@ -323,14 +364,16 @@ class TCPStoreServer:
             body = bytes(conn.inbuf[p.HEADER.size + p.MAC_LEN : end])
             del conn.inbuf[:end]
             if not p.verify(self._secret, p.C2S, conn.nonce, conn.rx, body, tag):
-                _log.warning(
-                    "store: frame from %s failed authentication "
-                    "(wrong job secret or replay); closing",
-                    conn.peer,
-                )
                 with contextlib.suppress(OSError):
                     conn.sock.send(p.REJECT)
-                self._drop(conn)
+                if conn.authed:
+                    _log.warning(
+                        "store: frame from %s failed authentication (replay?); closing",
+                        conn.peer,
+                    )
+                    self._drop(conn)
+                else:
+                    self._refuse(conn, "wrong job secret")
                 return
             conn.rx += 1
             conn.authed = True

@@ -13,6 +13,12 @@ Three layers, cheapest first:
    otherwise every rank learns it at once and all-gathers the signatures to say
    who called what. Non-rooted collectives need no confirmation: each rank's
    result depends on checked frames from every other rank.
+
+   The confirmation's first messages are sent *before* the data moves and carry the
+   confirmed signature (:func:`check_sig`), and their receives are posted only after
+   it: so they arrive unasked, and layer 2 compares them at once. Ranks that each
+   believe they are the root of a gather or reduce (all waiting to receive) learn it
+   from the first such message, instead of waiting out the deadline.
 """
 
 from __future__ import annotations
@@ -30,14 +36,30 @@ from ...algorithms._schedule import recursive_doubling_plan
 from ...errors import MismatchError
 from ...transport.request import Request
 
-__all__ = ["ROOTED", "Confirmation", "foreign_frame_error", "sig_hash"]
+__all__ = [
+    "CONFIRM_FIRST",
+    "ROOTED",
+    "Confirmation",
+    "check_sig",
+    "foreign_frame_error",
+    "sig_hash",
+]
 
 ROOTED = frozenset({OpCode.BROADCAST, OpCode.REDUCE, OpCode.GATHER, OpCode.SCATTER})
+#: rooted collectives whose ranks can all wait to receive when they disagree on the root
+#: (each believing it is the root): their confirmation starts before the data moves
+CONFIRM_FIRST = frozenset({OpCode.REDUCE, OpCode.GATHER})
 
 
 def sig_hash(sig: OpSig) -> int:
     raw = np.array([sig.op, sig.dtype, sig.redop, sig.root, sig.count], np.int64).tobytes()
     return zlib.crc32(raw)
+
+
+def check_sig(data: OpSig) -> OpSig:
+    """The signature the confirmation's frames carry: CHECK, then the confirmed operation's
+    dtype, reduce op, root and count (a frame carries no more than one signature)."""
+    return OpSig(int(OpCode.CHECK), data.dtype, data.redop, data.root, data.count)
 
 
 def _sig_of(row: np.ndarray) -> OpSig:
@@ -56,25 +78,49 @@ class Confirmation:
         self.tmp = np.empty(2, np.int64)
         self.role, self.partner, self.peers = recursive_doubling_plan(check.rank, check.size)
         self.early: list[Request] = []
-        self.first_done = False
+        self.first_done = self.started = False
+
+    def start(self) -> None:
+        """Send this rank's first message (before the data moves, for gather and reduce);
+        its receives are posted in finish(), so the peers' first messages arrive unasked
+        and are compared on arrival (desync layer 2)."""
+        check, self.started = self.check, True
         if self.role == "fold":  # send my hash now; the result comes back at the end
-            self.early = [
-                check.isend(self.partner, 0, self.vals.copy()),
-                check.irecv(self.partner, rd.RETURN_TAG, self.vals),
-            ]
-        elif self.partner >= 0:
-            self.early = [check.irecv(self.partner, 0, self.tmp)]
-        elif self.peers:
-            self.early = [
-                check.irecv(self.peers[0], 1, self.tmp),
-                check.isend(self.peers[0], 1, self.vals.copy()),
-            ]
+            self.early = [check.isend(self.partner, 0, self.vals.copy())]
+        elif self.peers and self.partner < 0:
+            self.early = [check.isend(self.peers[0], 1, self.vals.copy())]
             self.first_done = True
+
+    def drain(self) -> None:
+        """After a started confirmation turned out unneeded (every pair of ranks compared
+        signatures in the data exchange): take the peers' first messages, no more."""
+        if self.role != "fold" and (self.partner >= 0 or self.first_done):
+            src, tag = (self.partner, 0) if self.partner >= 0 else (self.peers[0], 1)
+            self.early.append(self.check.irecv(src, tag, self.tmp))
+        self.check.wait(*self.early)
+
+    def _post_receives(self) -> None:
+        check = self.check
+        if self.role == "fold":
+            self.early.append(check.irecv(self.partner, rd.RETURN_TAG, self.vals))
+        elif self.partner >= 0:
+            self.early.append(check.irecv(self.partner, 0, self.tmp))
+        elif self.first_done:
+            self.early.append(check.irecv(self.peers[0], 1, self.tmp))
 
     def finish(self) -> None:
         """Complete the exchange; raise MismatchError on every rank if ranks disagree."""
+        if not self.started:
+            self.start()
         check, vals, tmp = self.check, self.vals, self.tmp
-        check.wait(*self.early)
+        self._post_receives()
+        try:
+            check.wait(*self.early)
+        except MismatchError as exc:  # a confirmation frame came in for a posted receive
+            theirs = getattr(exc, "sender_sig", None)
+            peer = exc.ranks[0] if exc.ranks else -1
+            err = foreign_frame_error(self.data_ctx, peer, theirs) if theirs else None
+            raise err or exc from None
         if self.role != "fold":
             if self.early:
                 np.maximum(vals, tmp, out=vals)
@@ -115,6 +161,13 @@ def _disagreement(data_ctx: OpContext, check: OpContext) -> None:
 
 def foreign_frame_error(ctx: OpContext, peer: int, sig: OpSig) -> MismatchError | None:
     """The error for a frame of ``ctx``'s operation that carries another signature."""
-    if sig.op == OpCode.CHECK or sig == ctx.data_sig:
+    if sig.op == OpCode.CHECK:
+        # a confirmation frame: it carries the confirmed call's fields (see check_sig)
+        if sig == check_sig(ctx.data_sig):
+            return None
+        theirs = OpSig(ctx.data_sig.op, sig.dtype, sig.redop, sig.root, sig.count)
+    elif sig == ctx.data_sig:
         return None
-    return ctx.mismatch_error(peer, sig)
+    else:
+        theirs = sig
+    return ctx.mismatch_error(peer, theirs)

@@ -40,7 +40,7 @@ from ...comm.group import Group
 from ...comm.work import Work
 from ...errors import AbortedError, CommunicationError, MismatchError
 from ...transport.framing import Control
-from .desync import ROOTED, Confirmation, foreign_frame_error
+from .desync import CONFIRM_FIRST, ROOTED, Confirmation, check_sig, foreign_frame_error
 from .slot_collectives import ContextWatch, SlotCall, prepare_call
 
 if TYPE_CHECKING:
@@ -143,9 +143,16 @@ class Executor:
             return
         try:
             self._scan_buffered(ctx)
+            confirm = None
+            if op in ROOTED and cfg.check_mismatch and self.size > 1:
+                confirm = Confirmation(ctx, self._check_context(ctx))
+                if op in CONFIRM_FIRST:
+                    confirm.start()  # before the data moves (see desync)
             result = body(ctx)
-            if op in ROOTED and cfg.check_mismatch and self.size > 1 and not ctx.all_pairs_checked:
-                Confirmation(ctx, self._check_context(ctx)).finish()
+            if confirm is not None and not ctx.all_pairs_checked:
+                confirm.finish()
+            elif confirm is not None and confirm.started:
+                confirm.drain()
         except CommunicationError as exc:
             err = ctx.named(exc)
             self.fail(ctx, err)
@@ -334,7 +341,7 @@ class Executor:
             seq=ctx.seq,
             ranks=self.ranks,
             rank=ctx.rank,
-            sig=OpSig(op=int(OpCode.CHECK)),
+            sig=check_sig(ctx.sig),
             deadline=ctx.deadline,
             timeout=ctx.timeout,
             segment_bytes=1 << 16,
@@ -377,6 +384,7 @@ class Executor:
                     "group": self.id,
                     "seq": ctx.seq,
                     "kind": kind,
+                    "op": ctx.op.label,
                     "message": str(exc),
                     "origin": self.rt.rank,
                 }

@@ -298,7 +298,14 @@ class Runtime:
         text = str(info.get("message", "unknown failure"))
         exc: CommunicationError
         if info.get("kind") == "mismatch":
-            exc = MismatchError(text, group=gid, ranks=(origin,), remote=True)
+            op = info.get("op")
+            exc = MismatchError(
+                text,
+                op=op if isinstance(op, str) else None,
+                group=gid,
+                ranks=(origin,),
+                remote=True,
+            )
         else:
             exc = AbortedError(
                 f"aborted because rank {origin} failed: {text}",
