@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # the torch release the suite runs on (pyproject.toml's extra accepts a range)
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo demo-keras primitives test lint typecheck unit soak fuzz clean
+.PHONY: demo demo-keras primitives test lint typecheck unit soak fuzz torch-suite clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,14 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+# PyTorch's own distributed suite (torch's DistributedTest, shipped in the wheel), CPU,
+# fork start, world sizes 2 and 3, on Gloo and on "unison": fails when a test that
+# passes on Gloo does not pass on unison (the named exceptions are in
+# unison/testing/torch_suite.py). Outcomes and logs: $(TORCH_SUITE_OUT).
+TORCH_SUITE_OUT ?= .torch-suite
+torch-suite: $(STAMP)
+	$(BIN)/python -m unison.testing.torch_suite compare --world-sizes 2 3 --keep $(TORCH_SUITE_OUT)
+
 # 20,000 random operations at np=4, every result checked (a short form runs in `make test`).
 soak: $(STAMP)
 	$(BIN)/unison run -np 4 $(BIN)/python -m unison.testing.soak --ops 20000 --seed 1
@@ -54,4 +62,4 @@ fuzz: $(STAMP)
 		tests/store/test_store_proto.py -p no:cacheprovider --hypothesis-profile=fuzz
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(TORCH_SUITE_OUT)

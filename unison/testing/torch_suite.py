@@ -105,6 +105,38 @@ def _hold_to_unison() -> None:
             allow.append("unison")
 
 
+def _decorators(fn: Any) -> list[str]:
+    """The names of the decorators around a suite test (outermost first)."""
+    names = []
+    while fn is not None:
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            names.append(code.co_qualname.split(".", 1)[0])
+        fn = getattr(fn, "__wrapped__", None)
+    return names[:-1]
+
+
+def _skipped_in_ranks(fn: Any) -> str:
+    """Why the ranks of this test would skip it at once, where that is certain here.
+
+    Some of the suite's skips are decided inside the ranks, after they started and
+    joined a group (the test exits with a skip code): tests that need a GPU and tests
+    that need more than two ranks. On a machine without an accelerator, and at world
+    size 2, they are skipped before the ranks start (the outcome is the same)."""
+    import torch
+
+    names = _decorators(fn)
+    accelerator = torch.cuda.is_available() or any(
+        getattr(torch, dev, None) is not None and getattr(torch, dev).is_available()
+        for dev in ("xpu", "hpu")
+    )
+    if not accelerator and {"skip_if_no_gpu", "skip_if_lt_x_gpu"} & set(names):
+        return "needs a GPU (skipped before the ranks start)"
+    if "skip_if_small_worldsize" in names and int(os.environ["WORLD_SIZE"]) <= 2:
+        return "needs a world size above 2 (skipped before the ranks start)"
+    return ""
+
+
 def _suite_class(start: str) -> type:
     from torch.testing._internal.distributed.distributed_test import (
         DistributedTest,
@@ -113,6 +145,9 @@ def _suite_class(start: str) -> type:
 
     class TorchSuite(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self) -> None:
+            why = _skipped_in_ranks(getattr(self, self._testMethodName))
+            if why:
+                self.skipTest(why)
             super().setUp()  # type: ignore[no-untyped-call]
             if start == "spawn":
                 self._spawn_processes()
