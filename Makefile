@@ -13,7 +13,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip install --progress-bar on
 
-.PHONY: demo demo-keras primitives test lint typecheck unit soak faults fuzz clean
+.PHONY: demo demo-keras primitives test lint typecheck unit soak faults fuzz torch-suite clean
 
 $(BIN)/python:
 	@$(PY) -m venv $(VENV) || { rm -rf $(VENV); echo "make: '$(PY) -m venv' failed;" \
@@ -61,6 +61,14 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+# PyTorch's own distributed suite (torch's DistributedTest, shipped in the wheel), CPU,
+# fork start, world sizes 2 and 3, on Gloo and on "unison": fails when a test that
+# passes on Gloo does not pass on unison (the named exceptions are in
+# unison/testing/torch_suite.py). Outcomes and logs: $(TORCH_SUITE_OUT).
+TORCH_SUITE_OUT ?= .torch-suite
+torch-suite: $(STAMP)
+	$(BIN)/python -m unison.testing.torch_suite compare --world-sizes 2 3 --keep $(TORCH_SUITE_OUT)
+
 # 20,000 random operations at np=4, every result checked (a short form runs in `make test`).
 soak: $(STAMP)
 	$(BIN)/unison run -np 4 $(BIN)/python -m unison.testing.soak --ops 20000 --seed 1
@@ -77,4 +85,4 @@ fuzz: $(STAMP)
 		tests/store/test_store_proto.py -p no:cacheprovider --hypothesis-profile=fuzz
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(TORCH_SUITE_OUT)

@@ -21,6 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ._launchers import install as _install_env_rendezvous
+from ._monitored import install as _install_monitored_barrier
 from ._monitored import monitored_barrier
 from ._pg import UnisonProcessGroup
 from ._rendezvous import communicator, join
@@ -57,6 +58,8 @@ def _create(opts: Any, pg_options: Any = None) -> UnisonProcessGroup:
 
 # env:// under mpirun/Slurm: the torchrun variables they do not set (see _launchers)
 _install_env_rendezvous()
+# torch's dist.monitored_barrier accepts only Gloo's groups: extended to unison's
+_install_monitored_barrier()
 
 if BACKEND.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

@@ -21,7 +21,9 @@ from ..._types import ReduceOp
 from ...comm import collectives as _c
 from ...comm.group import Group
 from ...comm.work import Work as UWork
-from ...errors import InvalidArgumentError, UnsupportedError
+from ...errors import CollectiveTimeoutError, InvalidArgumentError, UnsupportedError
+from ._profile import recorded
+from ._sparse import all_reduce_sparse, is_sparse
 from ._work import DoneWork, UnisonWork, done_work, translate
 
 __all__ = ["UnisonProcessGroup"]
@@ -131,6 +133,16 @@ class UnisonProcessGroup(dist.ProcessGroup):
         self._default = default
 
     # --- identity -----------------------------------------------------------------------
+    @property
+    def comm(self) -> Group:
+        """The unison Group this process group runs on."""
+        return self._comm
+
+    @property
+    def global_ranks(self) -> list[int]:
+        """The group's members as global ranks, by group rank."""
+        return self._ranks
+
     def getBackendName(self) -> str:
         return "unison"
 
@@ -183,6 +195,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             raise translate(exc) from None
 
     # --- collectives --------------------------------------------------------------------
+    @recorded("broadcast")
     def broadcast(
         self, tensors: list[torch.Tensor], opts: Any, timeout: Any = None
     ) -> UnisonWork | DoneWork:
@@ -204,6 +217,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         parts = [self._start(_c.broadcast, self._comm, b, root, _async(opts)) for b in bufs]
         return self._work("broadcast", parts, tensors, st)
 
+    @recorded("all_reduce")
     def allreduce(
         self, tensors: list[torch.Tensor], opts: Any = None, timeout: Any = None
     ) -> UnisonWork | DoneWork:
@@ -236,11 +250,16 @@ class UnisonProcessGroup(dist.ProcessGroup):
                 if part is None:
                     return DoneWork("all_reduce", tensors)
                 return UnisonWork(self._label("all_reduce"), [part], tensors)
+        if any(is_sparse(t) for t in tensors):
+            for t in tensors:
+                self._start(all_reduce_sparse, self._comm, t, op)
+            return done_work("all_reduce", tensors)
         st = _Stage()
         bufs = [st(t) for t in tensors]
         parts = [self._start(_c.all_reduce, self._comm, b, op, _async(opts)) for b in bufs]
         return self._work("all_reduce", parts, tensors, st)
 
+    @recorded("all_reduce")
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
         op = _op(opts.reduceOp)
         st = _Stage()
@@ -260,6 +279,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         part = self._start(_c.all_reduce, self._comm, flat, op, _async(opts))
         return self._work("all_reduce_coalesced", [part], tensors, st)
 
+    @recorded("reduce")
     def reduce(
         self, tensors: list[torch.Tensor], opts: Any, op: Any = _SUM, timeout: Any = None
     ) -> UnisonWork:
@@ -273,6 +293,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         parts = [self._start(_c.reduce, self._comm, b, root, op, _async(opts)) for b in bufs]
         return self._work("reduce", parts, tensors, st)
 
+    @recorded("all_gather", 1)
     def allgather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any
     ) -> UnisonWork:
@@ -285,6 +306,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         flat = [t for outs in output_tensors for t in outs]
         return self._work("all_gather", parts, flat, st)
 
+    @recorded("all_gather", 1)
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any
     ) -> UnisonWork:
@@ -304,6 +326,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             parts.append(self._start(_c.all_gather, self._comm, o, i, _async(opts)))
         return self._work("all_gather_coalesced", parts, [t for o in output_lists for t in o], st)
 
+    @recorded("all_gather_into_tensor", 1)
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> UnisonWork:
@@ -312,6 +335,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         part = self._start(_c.all_gather_into_tensor, self._comm, o, i, _async(opts))
         return self._work("all_gather_into_tensor", [part], [output], st)
 
+    @recorded("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> UnisonWork:
@@ -322,6 +346,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             parts.append(self._start(_c.all_gather_into_tensor, self._comm, o, i, _async(opts)))
         return self._work("all_gather_into_tensor_coalesced", parts, list(outputs), st)
 
+    @recorded("gather", 1)
     def gather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any
     ) -> UnisonWork:
@@ -333,6 +358,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         flat = list(output_tensors[0]) if output_tensors else []
         return self._work("gather", [part], flat, st)
 
+    @recorded("scatter", 1)
     def scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any
     ) -> UnisonWork:
@@ -343,6 +369,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         part = self._start(_c.scatter, self._comm, o, ins, root, _async(opts))
         return self._work("scatter", [part], list(output_tensors), st)
 
+    @recorded("reduce_scatter", 1)
     def reduce_scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any
     ) -> UnisonWork:
@@ -354,6 +381,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             parts.append(self._start(_c.reduce_scatter, self._comm, o, i, op, _async(opts)))
         return self._work("reduce_scatter", parts, list(output_tensors), st)
 
+    @recorded("reduce_scatter_tensor", 1)
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> UnisonWork:
@@ -362,6 +390,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         part = self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts))
         return self._work("reduce_scatter_tensor", [part], [output], st)
 
+    @recorded("reduce_scatter_tensor_coalesced", 1)
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> UnisonWork:
@@ -372,6 +401,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             parts.append(self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts)))
         return self._work("reduce_scatter_tensor_coalesced", parts, list(outputs), st)
 
+    @recorded("all_to_all", 1)
     def alltoall_base(
         self,
         output: torch.Tensor,
@@ -387,6 +417,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         part = self._start(_c.all_to_all_single, self._comm, o, i, osz, isz, _async(opts))
         return self._work("all_to_all_single", [part], [output], st)
 
+    @recorded("all_to_all", 1)
     def alltoall(
         self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any
     ) -> UnisonWork:
@@ -396,19 +427,44 @@ class UnisonProcessGroup(dist.ProcessGroup):
         part = self._start(_c.all_to_all, self._comm, o, i, _async(opts))
         return self._work("all_to_all", [part], list(output_tensors), st)
 
+    @recorded("barrier", None)
     def barrier(self, opts: Any = None) -> UnisonWork | DoneWork:
-        part = self._start(_c.barrier, self._comm, _async(opts))
-        if part is None:
-            return done_work("barrier", [])
-        return UnisonWork(self._label("barrier"), [part], [])
+        own = self._timeout.total_seconds()
+        if _async(opts) or not 0 < own < self._comm.config.timeout:
+            part = self._start(_c.barrier, self._comm, _async(opts))
+            if part is None:
+                return done_work("barrier", [])
+            return UnisonWork(self._label("barrier"), [part], [])
+        # a group made with a timeout shorter than the job's (new_group(timeout=...)):
+        # a blocking barrier raises once the group's own timeout has passed
+        part = self._start(_c.barrier, self._comm, True)
+        assert part is not None
+        try:
+            part.wait(own)
+        except CollectiveTimeoutError:
+            if part.is_completed():
+                raise translate(part.exception() or RuntimeError("barrier failed")) from None
+            raise translate(
+                CollectiveTimeoutError(
+                    f"barrier on rank {self._comm.global_rank} (group "
+                    f"{self.getGroupName() or self._ranks}): Timed out after {own:g} s, the "
+                    "group's timeout, waiting for the other ranks",
+                    op="barrier",
+                    ranks=self._ranks,
+                )
+            ) from None
+        except Exception as exc:
+            raise translate(exc) from None
+        return done_work("barrier", [])
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """torch's ``monitored_barrier``: raise naming the ranks that did not arrive."""
-        from ._monitored import monitored_barrier
+        from ._monitored import run
 
-        monitored_barrier(self, timeout, wait_all_ranks)
+        run(self, timeout, wait_all_ranks)
 
     # --- point to point -----------------------------------------------------------------
+    @recorded("send")
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> UnisonWork:
         st = _Stage()
         b = st(tensors[0], write=False)
@@ -416,6 +472,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
         return self._work("send", [self._start(self._comm.isend, b, peer, tag)], list(tensors), st)
 
+    @recorded("recv")
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> UnisonWork:
         st = _Stage()
         b = st(tensors[0])
@@ -424,6 +481,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         part = self._start(self._comm.irecv, b, peer, tag)
         return self._work("recv", [part], list(tensors), st, lambda: int(srcRank))
 
+    @recorded("recvAnySource")
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> UnisonWork:
         from ._anysource import recv_anysource
 

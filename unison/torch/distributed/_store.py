@@ -30,12 +30,26 @@ class TorchStore(Store):
         try:
             self._s.wait(list(keys), timedelta(seconds=max(secs, 0.001)))
         except dist.DistStoreError as exc:
-            missing = [k for k in keys if not self._s.check([k])]
+            missing = self._missing(keys)
             raise StoreTimeoutError(
                 f"store: keys {missing} did not appear within {secs:g}s ({exc})"
             ) from None
         except RuntimeError as exc:
+            # torch's FileStore reports its timeout as a plain RuntimeError ("Wait
+            # timeout"): keys still missing after it are a timeout (callers retry those
+            # within their own deadline), anything else is a store failure
+            missing = self._missing(keys)
+            if missing and "timeout" in str(exc).lower():
+                raise StoreTimeoutError(
+                    f"store: keys {missing} did not appear within {secs:g}s ({exc})"
+                ) from None
             raise StoreError(f"store: wait for {list(keys)} failed: {exc}") from None
+
+    def _missing(self, keys: Sequence[str]) -> list[str]:
+        try:
+            return [k for k in keys if not self._s.check([k])]
+        except RuntimeError:
+            return list(keys)
 
     def set(self, key: str, value: bytes) -> None:
         self._s.set(self._check_key(key), self._check_value(value))
