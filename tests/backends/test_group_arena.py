@@ -105,7 +105,7 @@ def _allocated() -> int:
     """Bytes of this rank's segment allocated in /dev/shm."""
     import os
 
-    seg = current().fabric._own  # type: ignore[attr-defined]
+    seg = current().fabric.shm_setup.segment  # type: ignore[attr-defined]
     return int(os.fstat(seg.fd).st_blocks) * 512
 
 
@@ -115,7 +115,7 @@ def _on_use() -> list[object]:
     r = un.rank()
     fabric = current().fabric  # type: ignore[attr-defined]
     start = _allocated()
-    world_ok = start <= fabric._garena_at + 4096
+    world_ok = start <= fabric.shm_setup.world_part + 4096
     g1 = un.new_group([0, 2])
     after1 = _allocated()
     n = NBYTES // 8 + 3
@@ -153,19 +153,19 @@ def _no_room() -> list[object]:
     algorithms and give the numpy oracle's result; a later group still gets one."""
     import os
 
-    from unison.backends.native import fabric as fab
+    from unison.backends.native.shm_setup import reserve
+    from unison.transport.shm_segment import Segment
 
-    real = fab.allocate
     me = int(os.environ["UNISON_RANK"])
 
-    def full(seg: object, offset: int, length: int, what: str) -> None:
+    def full(seg: Segment, offset: int, length: int, what: str) -> None:
         if me == 0 and "group 1" in what:
             raise OSError(28, "No space left on device")
-        real(seg, offset, length, what)  # type: ignore[arg-type]
+        reserve(seg, offset, length, what)
 
-    fab.allocate = full  # type: ignore[assignment]
     un.init()
     rt = current()
+    rt.fabric.shm_setup.set_allocator(full)  # type: ignore[attr-defined]
     before = _allocated()
     g = un.new_group([0, 1])
     grew = _allocated() - before

@@ -19,8 +19,8 @@ def _arenas() -> list[Any]:
     from unison.world import current
 
     rt = current()
-    seg = rt.fabric._own  # type: ignore[attr-defined]
-    world_part = rt.fabric._garena_at  # type: ignore[attr-defined]
+    seg = rt.fabric.shm_setup.segment  # type: ignore[attr-defined]
+    world_part = rt.fabric.shm_setup.world_part  # type: ignore[attr-defined]
     eng = engine_of(hvd.global_process_set)
     ctl, data = eng.channel.group, eng.executor.group
     for i in range(4):

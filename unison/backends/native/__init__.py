@@ -7,7 +7,9 @@ group's run state, which runs it in issue order, checks signatures (``desync.py`
 and spreads failures. Small collectives of a one-host job go over the shared slots
 (``slot_collectives.py``), blocking ones in the caller's thread through the
 executor's caller-thread entry. ``p2p.py`` posts sends and receives and
-``fabric.py`` routes every peer to shared memory or TCP.
+``fabric.py`` routes every peer to shared memory or TCP; ``shm_setup.py`` sets up
+the shared memory (segments, the peers' mappings, arenas and slots) and
+``setup_exchange.py`` carries the set-up messages over TCP.
 """
 
 from __future__ import annotations

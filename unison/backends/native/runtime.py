@@ -163,7 +163,7 @@ class Runtime:
     def _settle_arena(self, gid: int, coll: str) -> None:
         """Before a sub-group's first collective that chooses an algorithm (in the same
         place on every member): learn whether every member allocated its part of the
-        group's arena (:meth:`Fabric.group_arena`) and, if so, give the group the arena."""
+        group's arena (:meth:`ShmSetup.group_arena`) and, if so, give the group the arena."""
         with self._settling:
             resolve = self._arena_pending.pop(gid, None)
             if resolve is None:
@@ -194,7 +194,7 @@ class Runtime:
         hosts = tuple(tuple(h) for h in by_host.values())
         arena = self.fabric.arena if gid == 0 else None
         if gid != 0 and own_arena:  # a sub-group's arena: settled before its first chosen algorithm
-            resolve = self.fabric.group_arena(gid, ranks)
+            resolve = self.fabric.shm_setup.group_arena(gid, ranks)
             if resolve is not None:
                 self._arena_pending[gid] = resolve
         return Topology(self.link, shared=arena is not None, arena=arena, hosts=hosts)
@@ -229,7 +229,7 @@ class Runtime:
         """The group ``gid`` of global ``members`` (sorted), made with its executor on
         first use; every rank that uses it passes the same id and members. The members
         of a sub-group with an arena allocate their part of it here and tell each other
-        (:meth:`Fabric.group_arena`); they agree before its first chosen algorithm."""
+        (:meth:`ShmSetup.group_arena`); they agree before its first chosen algorithm."""
         with self._lock:
             ex = self.executors.get(gid)
             if ex is not None:
@@ -249,7 +249,7 @@ class Runtime:
             cfg = self.config if timeout is None else self.config.replace(timeout=timeout)
             g = Group(gid, members, self.rank, cfg, self.backend)
             ex = Executor(self, g, topo)
-            ex.slots = self.fabric.group_slots(gid, g.ranks)
+            ex.slots = self.fabric.shm_setup.group_slots(gid, g.ranks)
             if topo.arena is not None and ex.slots is not None:  # rounds sync on the slots
                 ex.round_barrier = arena_sync(self, ex.slots)
             if ex.slots is not None and not self.overrides:

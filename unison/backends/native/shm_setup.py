@@ -1,0 +1,328 @@
+"""Shared-memory set-up: this rank's segment, its peers' mappings, and the regions in them.
+
+Owns the segment layout (one ring per ordered pair of same-host ranks, the world
+arena's slot, the small-message slot regions, the sub-group arenas), the hello/ack
+that maps the peers' segments, the shared-memory transport built from them, and
+what lives in the mappings afterwards: the world's arena and slots, each sub-group's
+slots and arena. Which peer is reached by which transport is the fabric's
+(``fabric.py``); this module only says which peers could be mapped.
+
+The set-up, over the already authenticated TCP connections:
+
+1. every rank creates its segment and sends each same-host peer a *hello*
+   (segment path and layout, pid, a token for the cross-memory-attach probe);
+2. each maps its peers' segments and answers with an *ack* (mapped or not);
+   a pair uses shared memory only when both sides mapped — both decide alike;
+3. once every ack is in, the owner unlinks its segment (the mappings live on,
+   so no file outlives this point even if the rank is killed).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ...algorithms import shm_arena
+from ...config import ENV_JOB_ID, Config
+from ...errors import UnsupportedError
+from ...log import get_logger
+from ...transport import cma
+from ...transport.arena import Arena
+from ...transport.base import Events
+from ...transport.seqslot import SeqSlots, region_bytes
+from ...transport.shm import ShmTransport
+from ...transport.shm_ring import Ring
+from ...transport.shm_segment import Segment, layout_of
+from ...transport.tcp import TcpTransport
+from .setup_exchange import ACK, GROUP_ARENA, HELLO, SetupExchange
+
+__all__ = ["RING_BYTES", "Allocator", "ShmSetup", "reserve"]
+
+log = get_logger("fabric")
+
+#: bytes of each shared-memory ring (one per ordered pair of same-host ranks)
+RING_BYTES = 1 << 19
+_GARENA_MIN = 4096  # a sub-group arena smaller than this is not worth its rounds
+
+#: how a range of this rank's segment is allocated: (segment, offset, length, what)
+Allocator = Callable[[Segment, int, int, str], None]
+
+
+def reserve(seg: Segment, offset: int, length: int, what: str) -> None:
+    """Allocate a range of this rank's segment (the default :data:`Allocator`)."""
+    seg.reserve(offset, length, what)
+
+
+class ShmSetup:
+    """This rank's shared memory with its same-host peers."""
+
+    def __init__(
+        self, rank: int, config: Config, events: Events, tcp: TcpTransport, messages: SetupExchange
+    ) -> None:
+        self.rank = rank
+        self.config = config
+        self.events = events
+        self.tcp = tcp
+        self.messages = messages
+        #: the shared-memory transport, once a peer's segment is mapped both ways
+        self.transport: ShmTransport | None = None
+        self.cma_pids: dict[int, int] = {}  # peers whose memory we may read (pid)
+        #: the world's arena and small-message slots (every rank on this host): set by
+        #: :meth:`share_world` once every rank reaches every peer by shared memory
+        self.arena: Arena | None = None
+        self.seqslots: SeqSlots | None = None
+        self._allocate: Allocator = reserve
+        self._segs: list[Segment] = []
+        self._slots: dict[int, memoryview] = {}
+        self._small: dict[int, memoryview] = {}  # rank -> its small-message slot region
+        #: rank -> its sub-groups' arena regions (one per sub-group id 1 .. group_slots - 1)
+        self._garena: dict[int, memoryview] = {}
+        self._group_arenas: list[Arena] = []
+        self._own: Segment | None = None  # this rank's segment (it allocates its pages)
+        self._garena_at = 0  # where the sub-group arenas start in it
+        self._token = np.frombuffer(secrets.token_bytes(16), np.uint8).copy()
+
+    @property
+    def segment(self) -> Segment | None:
+        """This rank's own segment (None: it has none)."""
+        return self._own
+
+    @property
+    def world_part(self) -> int:
+        """Bytes at the start of this rank's segment allocated at set-up (rings, the world
+        arena's slot, the small-message slots); the sub-group arenas follow, allocated
+        when a group is made."""
+        return self._garena_at
+
+    def set_allocator(self, allocate: Allocator) -> None:
+        """Allocate this rank's part of later sub-group arenas with ``allocate`` (an
+        :data:`Allocator` that raises ``OSError`` where there is no room)."""
+        self._allocate = allocate
+
+    def connect(self, local: list[int], deadline: float, want: bool, forced: bool) -> set[int]:
+        """Set up shared memory with the same-host peers ``local``: the peers whose
+        segments both sides mapped (:attr:`transport` then reaches them), else empty.
+        ``want``: make a segment at all; ``forced``: every peer must be mapped."""
+        seg: Segment | None = None
+        slot_bytes = shm_arena.SLOT_BYTES  # read at set-up: tests shrink it
+        small = self.config.small_bytes
+        small_off = (slot_bytes + 63) // 64 * 64  # after the arena's slot
+        # small-message slot regions per rank: one for the world (group 0) and one for each of
+        # the first sub-groups (ids 1 .. group_slots - 1); later groups take the general path
+        small_len = region_bytes(small) * self.config.group_slots if small > 0 else 0
+        # after them, the sub-groups' arenas (their rounds sync on the sub-group's slots)
+        garena_off = small_off + (small_len + 63) // 64 * 64
+        garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
+        layout = layout_of(local, RING_BYTES, garena_off + garena_len)
+        # the sub-group arenas are mapped but not allocated: a group's members allocate
+        # theirs when it is made (group_arena), so unused ones cost no /dev/shm
+        self._garena_at = layout.slot_offset + garena_off
+        if want:
+            try:
+                seg = Segment.create(
+                    os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size, self._garena_at
+                )
+                self._segs.append(seg)
+                self._own = seg
+            except OSError as exc:
+                if forced:
+                    raise UnsupportedError(f"shared memory unavailable: {exc}") from None
+                log.info("no shared-memory segment (%s); using TCP", exc)
+        try:
+            hello: dict[str, object] = {"ok": seg is not None, "pid": os.getpid()}
+            if seg is not None:
+                hello.update(
+                    path=seg.path,
+                    size=layout.size,
+                    ring=layout.rings,
+                    slot=layout.slot_offset,
+                    small=small_len,
+                    garena=garena_len,
+                    token=self._token.tobytes().hex(),
+                    token_addr=self._token.ctypes.data,
+                )
+            theirs = self.messages.exchange(local, HELLO, {p: hello for p in local}, deadline)
+            mapped: dict[int, Segment] = {}
+            for p in local:
+                h = theirs[p]
+                if seg is None or not h.get("ok"):
+                    continue
+                try:
+                    mapped[p] = Segment.attach(str(h["path"]), int(str(h["size"])))
+                except (OSError, KeyError, ValueError) as exc:
+                    log.warning("cannot map rank %d's segment: %s", p, exc)
+                    continue
+                self._segs.append(mapped[p])
+                if cma.probe(
+                    int(str(h["pid"])), int(str(h["token_addr"])), bytes.fromhex(str(h["token"]))
+                ):
+                    self.cma_pids[p] = int(str(h["pid"]))
+            acks = self.messages.exchange(
+                local, ACK, {p: {"ok": p in mapped} for p in local}, deadline
+            )
+        finally:
+            if seg is not None:
+                seg.unlink()  # every peer that will map it has done so (or failed)
+        shared = {p for p in mapped if acks[p].get("ok")}
+        if forced and len(shared) < len(local):
+            raise UnsupportedError(
+                f"UNISON_TRANSPORT=shm, but shared memory could not be set up with ranks "
+                f"{sorted(set(local) - shared)}"
+            )
+        if not shared or seg is None:
+            return set()
+        shm = ShmTransport(self.rank, self.events, seg, len(local) + 1, self.tcp.send_control)
+        self.transport = shm  # from now on a lost peer is reported to it too
+        shm.matcher.share_any_source(self.tcp.matcher)  # any-source sees every peer
+        for p in sorted(shared):
+            inbound = Ring(seg, layout.rings[p], RING_BYTES)
+            outbound = Ring(mapped[p], ring_of_peer(theirs[p], self.rank), RING_BYTES)
+            shm.add_peer(p, inbound, outbound, mapped[p])
+        shm.start()
+        slots = {self.rank: seg.view(layout.slot_offset, slot_bytes)}
+        for p in shared:
+            slots[p] = mapped[p].view(int(str(theirs[p]["slot"])), slot_bytes)
+        self._slots = slots
+        if small_len and all(int(str(theirs[p].get("small", 0))) == small_len for p in shared):
+            self._small = {self.rank: seg.view(layout.slot_offset + small_off, small_len)}
+            for p in shared:
+                off = int(str(theirs[p]["slot"])) + small_off
+                self._small[p] = mapped[p].view(off, small_len)
+        if garena_len and all(int(str(theirs[p].get("garena", 0))) == garena_len for p in shared):
+            self._garena = {self.rank: seg.view(layout.slot_offset + garena_off, garena_len)}
+            for p in shared:
+                off = int(str(theirs[p]["slot"])) + garena_off
+                self._garena[p] = mapped[p].view(off, garena_len)
+        return shared
+
+    def share_world(self, size: int) -> None:
+        """Every one of the ``size`` ranks reaches every other by shared memory (the
+        fabric agreed it): make the world's arena and, where every rank mapped the
+        small-message regions, the world's slots."""
+        self.arena = Arena(self.rank, self._slots, len(self._slots[self.rank]))
+        small = self.config.small_bytes
+        if small > 0 and len(self._small) == size:
+            nb = region_bytes(small)
+            regions = [self._small[r][:nb] for r in range(size)]
+            self.seqslots = SeqSlots(self.rank, regions, small, adapt=self.config.wait_adapt)
+
+    def group_slots(self, gid: int, ranks: Sequence[int]) -> SeqSlots | None:
+        """The small-message slots of group ``gid`` (global ``ranks``, sorted) for a
+        member, or None: the same answer on every member (the job has slots, the id has
+        a region), so all of them take the slots for the same calls."""
+        world = self.seqslots
+        small = self.config.small_bytes
+        if len(ranks) == 1 and ranks[0] == self.rank and small > 0:
+            # a group of one: a private region; every call is a local copy or a no-op
+            return SeqSlots(0, [memoryview(bytearray(region_bytes(small)))], small)
+        if world is None or self.rank not in ranks or gid >= self.config.group_slots:
+            return None
+        if gid == 0:
+            return world
+        nb = region_bytes(world.slot_bytes)
+        regions = [self._small[r][gid * nb : (gid + 1) * nb] for r in ranks]
+        return SeqSlots(
+            list(ranks).index(self.rank),
+            regions,
+            world.slot_bytes,
+            oversubscribed=world.policy.oversubscribed,  # the host's ranks, not the group's
+            adapt=self.config.wait_adapt,
+        )
+
+    def _garena_bytes(self) -> int:
+        """Bytes of one sub-group's arena per rank (0: none; too small to hold a round)."""
+        n = self.config.group_arena_bytes // 64 * 64
+        return n if n >= _GARENA_MIN else 0
+
+    def group_arena(
+        self, gid: int, ranks: Sequence[int]
+    ) -> Callable[[float, str], Arena | None] | None:
+        """Start setting up the shared arena of sub-group ``gid`` (global ``ranks``,
+        sorted) for a member: None where it has none (the same answer on every member:
+        the job shares one host, every rank mapped the same sub-group regions, the id has
+        a slot region), else a function that gives the arena, or None, the same on every
+        member: whether every member could allocate its part.
+
+        Called by every member when the group is made: each allocates its own part of
+        the group's arena in its segment (the pages are then resident nowhere until a
+        round touches them) and sends the others whether that succeeded, without waiting
+        (a member may make a group its peers never use: elastic joiners). The function
+        is called before the group's first collective that may choose an algorithm
+        (every member is then making, or has made, the group), with its deadline and the
+        collective's name for errors, and waits for the peers' answers; nothing touches
+        the arena unless every member's part is allocated (no SIGBUS on a short
+        /dev/shm: the group takes the message-based algorithms)."""
+        nb = self._garena_bytes()
+        if (
+            gid <= 0
+            or gid >= self.config.group_slots
+            or self.arena is None
+            or not nb
+            or self.rank not in ranks
+            or any(r not in self._garena for r in ranks)
+        ):
+            return None
+        off = (gid - 1) * nb
+        ok, why = True, ""
+        if self._own is not None:
+            try:
+                self._allocate(self._own, self._garena_at + off, nb, f"arena of group {gid}")
+            except OSError as exc:
+                ok, why = False, str(exc)
+        else:
+            ok, why = False, "no segment of its own"
+        peers = [r for r in ranks if r != self.rank]
+        deadline = time.monotonic() + self.config.timeout
+        posted = self.messages.post(
+            peers, GROUP_ARENA + gid, {p: {"ok": ok} for p in peers}, deadline
+        )
+
+        def resolve(deadline: float, op: str) -> Arena | None:
+            try:
+                told = self.messages.collect(posted, deadline, op)
+            except ValueError:  # an empty answer: the peer was lost; the group fails
+                told = {}
+            lacking = sorted(
+                [r for r in peers if not told.get(r, {}).get("ok")] + ([] if ok else [self.rank])
+            )
+            if lacking:
+                log.info(
+                    "group %d: no shared arena (ranks %s could not allocate theirs%s); its "
+                    "large collectives take the message-based algorithms",
+                    gid,
+                    lacking,
+                    f": {why}" if why else "",
+                )
+                return None
+            arena = Arena(self.rank, {r: self._garena[r][off : off + nb] for r in ranks}, nb)
+            self._group_arenas.append(arena)
+            return arena
+
+        return resolve
+
+    def close(self) -> None:
+        """Release the arenas and unmap every segment (after the transports closed)."""
+        if self.arena is not None:
+            self.arena.release()
+            self.arena = None
+        self.seqslots = None
+        self._small.clear()
+        for ga in self._group_arenas:
+            ga.release()
+        self._group_arenas.clear()
+        self._garena.clear()
+        for seg in self._segs:
+            seg.unlink()
+            seg.close()
+        self._own = None
+
+
+def ring_of_peer(hello: dict[str, object], rank: int) -> int:
+    rings = hello.get("ring")
+    if not isinstance(rings, dict):
+        raise UnsupportedError("malformed shared-memory hello (no ring table)")
+    return int(rings[str(rank)])
