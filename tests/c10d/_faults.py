@@ -37,3 +37,25 @@ def ddp_until_failure(kind: str, timeout: float) -> tuple[Any, ...]:
         except BaseException as exc:
             return (step, type(exc).__name__, str(exc))
     return ("done",)
+
+
+def late_to_monitored_barrier() -> tuple[str, str] | None:
+    """Rank 0 gives up on rank 1 at a 1 s monitored barrier and leaves the job; rank 1
+    arrives 3 s late and returns (error type, message) of its own monitored barrier."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import unison.torch.distributed as udist
+
+    rank, _ = init(timeout=30.0)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(3.0)
+    try:
+        udist.monitored_barrier(timeout=timedelta(seconds=1))
+    except Exception as exc:
+        if rank == 0:
+            os._exit(0)  # leaves without a goodbye, as a failing rank 0 does
+        return (type(exc).__name__, str(exc))
+    return None
