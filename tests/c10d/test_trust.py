@@ -31,8 +31,9 @@ dist.destroy_process_group()
 _DROP = ("UNISON_", "OMPI_", "PMIX", "PRTE", "SLURM_", "PMI_", "TORCHELASTIC")
 
 
-def _torchrun_env(rank: int, size: int, port: int) -> dict[str, str]:
-    """torchrun's environment: the ranks are clients of the agent's store at ``port``."""
+def torchrun_env(rank: int, size: int, port: int, agent: bool = True) -> dict[str, str]:
+    """torchrun's environment (no UNISON_* variable); ``agent``: the ranks are clients
+    of the agent's store at ``port``, else rank 0 hosts the store there."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -46,10 +47,10 @@ def _torchrun_env(rank: int, size: int, port: int) -> dict[str, str]:
         LOCAL_WORLD_SIZE=str(size),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
-        TORCHELASTIC_USE_AGENT_STORE="True",
-        TORCHELASTIC_RUN_ID="trust",
         UNISON_TIMEOUT="120",
     )
+    if agent:
+        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RUN_ID="trust")
     return env
 
 
@@ -76,7 +77,7 @@ def test_stranger_can_neither_read_the_secret_nor_join(tmp_path: Path) -> None:
     port = agent.port
     secret_dir = f"/tmp/unison-{os.geteuid()}"
     run = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "cwd": ROOT}
-    rank0 = subprocess.Popen([sys.executable, str(script)], env=_torchrun_env(0, 2, port), **run)
+    rank0 = subprocess.Popen([sys.executable, str(script)], env=torchrun_env(0, 2, port), **run)
     stranger_env = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": str(ROOT),
@@ -97,9 +98,7 @@ def test_stranger_can_neither_read_the_secret_nor_join(tmp_path: Path) -> None:
             if line.strip() == "REPLACED":
                 break
         assert lines and lines[-1].strip() == "REPLACED", "".join(lines) + _stop(rank0)
-        rank1 = subprocess.Popen(
-            [sys.executable, str(script)], env=_torchrun_env(1, 2, port), **run
-        )
+        rank1 = subprocess.Popen([sys.executable, str(script)], env=torchrun_env(1, 2, port), **run)
         out1, _ = rank1.communicate(timeout=150)
         rest, _ = stranger.communicate(timeout=150)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import zlib
 from collections.abc import Sequence
@@ -13,11 +14,12 @@ from torch.distributed.constants import default_pg_timeout
 from ... import world as _w
 from ...backends.native import runtime as _rt
 from ...comm.group import Group
-from ...config import Config, load_config
+from ...config import ENV_JOB_ID, Config, load_config
 from ...errors import InvalidArgumentError
 from ...jobenv import JobInfo
 from ...log import configure, set_rank
 from ...store import Store
+from ...transport.shm_segment import cleanup_orphans
 from ._secret import job_secret
 from ._store import TorchStore
 
@@ -43,6 +45,8 @@ class _TorchRuntime(_rt.Runtime):
         # rank hosting it may already be gone)
         self.store = None
         super().close()
+        if not os.environ.get(ENV_JOB_ID):
+            cleanup_orphans()  # a peer killed during start-up may have left its segment
 
 
 def explicit_timeout(timeout: timedelta | None) -> bool:
@@ -72,6 +76,10 @@ def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
                     f"creates its default group as rank {rank} of {size}"
                 )
             return rt
+        if not os.environ.get(ENV_JOB_ID):
+            # no launcher of unison's to remove the shared memory of ranks killed before
+            # they unlinked it (torchrun, mpirun): the next job on the host does
+            cleanup_orphans()
         cfg = load_config()
         if explicit_timeout(timeout):
             cfg = cfg.replace(timeout=timeout.total_seconds())
