@@ -167,10 +167,12 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
         The error is raised here, in a ``then`` callback, so that torch marks the
         future *failed* (C++ ``setError``). ``Future.set_exception`` would not: it
         completes the future with the exception object as its value, which C++
-        consumers cannot tell from a result; DDP's reducer then tries to extract
-        tensors from it (pickling it) and, when that works, uses it as the reduced
-        bucket, crashing in backward. Failed this way, DDP's backward raises torch's
-        ``RuntimeError`` carrying unison's message (type, ranks, operation)."""
+        consumers cannot tell from a result: DDP's reducer extracts the tensors of
+        that value by pickling it (a PicklingError where the class cannot be
+        pickled) and takes the first of them (torch's ``parseCppCommHookResult``
+        indexes an empty list when there is none: a crash in backward). Failed this
+        way, DDP's backward raises torch's ``RuntimeError`` carrying unison's
+        message (type, ranks, operation)."""
         if self._error is not None:
             raise self._error
         return self._tensors
