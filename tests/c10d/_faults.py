@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ._jobs import init
 
@@ -22,6 +24,8 @@ def ddp_until_failure(kind: str, timeout: float) -> tuple[Any, ...]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(40):
         if step == 5 and rank == size - 1:
+            if kind in ("stop", "idle"):  # the survivors end it once they failed
+                dist.distributed_c10d._get_default_store().set("faults/pid", str(os.getpid()))
             if kind == "exit":
                 os._exit(3)
             if kind == "kill":
@@ -35,6 +39,10 @@ def ddp_until_failure(kind: str, timeout: float) -> tuple[Any, ...]:
             model(torch.ones(4, 64)).sum().backward()
             opt.step()
         except BaseException as exc:
+            if kind in ("stop", "idle"):  # else the harness waits for it to its timeout
+                pid = int(dist.distributed_c10d._get_default_store().get("faults/pid"))
+                with contextlib.suppress(ProcessLookupError):  # another survivor did
+                    os.kill(pid, signal.SIGKILL)
             return (step, type(exc).__name__, str(exc))
     return ("done",)
 
