@@ -45,6 +45,7 @@ __all__ = [
     "failure_record",
     "parse_failure_record",
     "parse_store_addr",
+    "secret_from_env",
     "slurm_store_port",
 ]
 
@@ -134,7 +135,8 @@ def parse_store_addr(text: str, name: str = C.ENV_STORE_ADDR) -> tuple[str, int]
     return (m.group(1) or m.group(2)), port
 
 
-def _secret_env(env: Mapping[str, str]) -> bytes | None:
+def secret_from_env(env: Mapping[str, str]) -> bytes | None:
+    """The job secret ``UNISON_SECRET`` holds (hex), or None where it is unset."""
     raw = env.get(C.ENV_SECRET, "").strip()
     if not raw:
         return None
@@ -495,7 +497,7 @@ def detect_job(
     job_id = info.job_id or f"{info.source}-job"
 
     # secret: explicit > UNISON_SECRET > derived from the job identity
-    key = secret if secret is not None else _secret_env(env)
+    key = secret if secret is not None else secret_from_env(env)
     if key is None and info.size > 1:
         where = f"{addr[0]}:{addr[1]}" if addr else path
         exposed = addr is not None and not addr[0].startswith("127.") and addr[0] != "localhost"

@@ -26,7 +26,15 @@ import re
 import secrets
 from dataclasses import dataclass
 
-__all__ = ["SHM_DIR", "Layout", "Segment", "cleanup_job", "reserve", "segment_prefix"]
+__all__ = [
+    "SHM_DIR",
+    "Layout",
+    "Segment",
+    "cleanup_job",
+    "cleanup_orphans",
+    "reserve",
+    "segment_prefix",
+]
 
 SHM_DIR = "/dev/shm"
 _PAGE = 4096
@@ -54,6 +62,41 @@ def cleanup_job(job_id: str, directory: str = SHM_DIR) -> list[str]:
                 removed.append(name)
             except OSError:
                 pass
+    return removed
+
+
+#: a segment's name: prefix, owner's rank, pid and a random token (see Segment.create)
+_NAME = re.compile(r"unison-.*-r\d+-(\d+)-[0-9a-f]+")
+
+
+def cleanup_orphans(directory: str = SHM_DIR) -> list[str]:
+    """Remove segments of this user whose owner process is gone (killed between
+    creating and unlinking its segment, with no launcher to clean after it: torchrun,
+    mpirun). A segment is unlinked by its owner as soon as its peers mapped it, so a
+    name whose owner is dead maps nothing anyone still waits for. Returns the names."""
+    removed: list[str] = []
+    uid = os.geteuid()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = _NAME.fullmatch(name)
+        if m is None:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.lstat(path).st_uid != uid:
+                continue
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(path)
+                removed.append(name)
+            except OSError:
+                pass
+        except OSError:
+            pass  # gone already, or a live process of another user
     return removed
 
 

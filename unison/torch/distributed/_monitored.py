@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import time
 import warnings
 from datetime import timedelta
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["install", "monitored_barrier"]
 
 _TAG_BASE = 0xF0000000
+_TAG_TEXT = re.compile(r" \(tag \d+\)")
 _COUNTS: dict[int, itertools.count[int]] = {}
 
 
@@ -49,6 +51,11 @@ def _seconds(timeout: Any) -> float:
         stacklevel=3,
     )
     return float(timeout)
+
+
+def _original(exc: BaseException) -> str:
+    """unison's message, without the barrier's internal message tag."""
+    return _TAG_TEXT.sub("", str(exc))
 
 
 def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
@@ -72,15 +79,15 @@ def run(pg: UnisonProcessGroup, timeout: Any = None, wait_all_ranks: bool = Fals
     ms = int(secs * 1000)
     if me != root:
         out = torch.zeros(1, dtype=torch.uint8)
-        comm.isend(out, root, tag).wait(secs)
         got = torch.zeros(1, dtype=torch.uint8)
-        try:
+        try:  # as Gloo: the send and the receive fail alike (rank 0 gone, or late)
+            comm.isend(out, root, tag).wait(secs)
             comm.irecv(got, root, tag).wait(secs)
         except CommunicationError as exc:
             raise dist.DistBackendError(
                 f"Rank {pg.rank()} successfully reached monitoredBarrier, but received errors "
                 f"while waiting for send/recv from rank 0. Please check rank 0 logs for faulty "
-                f"rank.\n Original exception: \n{exc}"
+                f"rank.\n Original exception: \n{_original(exc)}"
             ) from None
         return
     start = time.monotonic()
@@ -107,7 +114,7 @@ def run(pg: UnisonProcessGroup, timeout: Any = None, wait_all_ranks: bool = Fals
             if not wait_all_ranks:
                 raise dist.DistBackendError(
                     f"[Rank 0]: Rank {grank} failed to pass monitoredBarrier in {ms} ms\n"
-                    f" Original exception: \n{exc}"
+                    f" Original exception: \n{_original(exc)}"
                 ) from None
             failed.append(grank)
         else:
@@ -117,9 +124,17 @@ def run(pg: UnisonProcessGroup, timeout: Any = None, wait_all_ranks: bool = Fals
             f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to pass monitoredBarrier "
             f"in {ms} ms"
         )
-    for r in pg.global_ranks[1:]:
+    for grank, r in enumerate(pg.global_ranks[1:], start=1):
         rel = torch.ones(1, dtype=torch.uint8)
-        comm.isend(rel, r, tag).wait(secs)
+        try:
+            comm.isend(rel, r, tag).wait(secs)
+        except CommunicationError as exc:
+            raise dist.DistBackendError(
+                f"[Rank 0]: Rank {grank} failed to pass monitoredBarrier in {ms} ms
+"
+                f" Original exception: 
+{_original(exc)}"
+            ) from None
 
 
 #: torch's own function, kept for the groups of other backends

@@ -9,14 +9,18 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from torch.distributed.constants import default_pg_timeout
+
 from ... import world as _w
 from ...backends.native import runtime as _rt
 from ...comm.group import Group
-from ...config import Config, load_config
+from ...config import ENV_JOB_ID, Config, load_config
 from ...errors import InvalidArgumentError
 from ...jobenv import JobInfo
 from ...log import configure, set_rank
 from ...store import Store
+from ...transport.shm_segment import cleanup_orphans
+from ._secret import job_secret
 from ._store import TorchStore
 
 __all__ = ["communicator", "join"]
@@ -41,6 +45,19 @@ class _TorchRuntime(_rt.Runtime):
         # rank hosting it may already be gone)
         self.store = None
         super().close()
+        if not os.environ.get(ENV_JOB_ID):
+            cleanup_orphans()  # a peer killed during start-up may have left its segment
+
+
+def explicit_timeout(timeout: timedelta | None) -> bool:
+    """Whether ``timeout`` is the caller's own: torch hands every backend its default
+    (``torch.distributed.constants.default_pg_timeout``, 30 minutes) when the caller
+    gave none, and that must not replace unison's configured deadline (``unison run
+    --timeout``, ``UNISON_TIMEOUT``). A caller who passes exactly the default gets
+    unison's deadline too: the two cannot be told apart."""
+    if timeout is None or timeout == default_pg_timeout:
+        return False
+    return timeout.total_seconds() > 0
 
 
 def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
@@ -59,14 +76,15 @@ def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
                     f"creates its default group as rank {rank} of {size}"
                 )
             return rt
-        secs = timeout.total_seconds()
+        if not os.environ.get(ENV_JOB_ID):
+            # no launcher of unison's to remove the shared memory of ranks killed before
+            # they unlinked it (torchrun, mpirun): the next job on the host does
+            cleanup_orphans()
         cfg = load_config()
-        if secs > 0:
-            cfg = cfg.replace(timeout=float(secs))
+        if explicit_timeout(timeout):
+            cfg = cfg.replace(timeout=timeout.total_seconds())
         ustore = TorchStore(store, cfg.timeout)
-        if rank == 0:
-            ustore.set("unison/c10d/secret", os.urandom(16))
-        secret = ustore.get("unison/c10d/secret")
+        key = job_secret(ustore, rank, cfg.timeout)
         job = JobInfo(
             rank=rank,
             size=size,
@@ -76,8 +94,8 @@ def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
             cross_size=None,
             store_addr=None,
             store_path=None,
-            secret=secret,
-            job_id="c10d",
+            secret=key.secret,
+            job_id=key.job_id,
             host_store=False,
             source="torch.distributed",
         )
@@ -89,6 +107,8 @@ def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
         except BaseException:
             rt.close()
             raise
+        finally:
+            key.release()  # every rank has connected (or the start failed): not needed
         with _w._LOCK:
             _w._RT = rt
         OWNED["runtime"] = True

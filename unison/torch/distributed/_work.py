@@ -20,21 +20,60 @@ import torch.distributed as dist
 from ... import errors as E
 from ...comm.work import Work as UWork
 
-__all__ = ["DoneWork", "UnisonWork", "done_work", "translate"]
+__all__ = [
+    "DistAbortedError",
+    "DistCollectiveTimeoutError",
+    "DistCommunicationError",
+    "DistMismatchError",
+    "DistPeerLostError",
+    "DoneWork",
+    "UnisonWork",
+    "done_work",
+    "translate",
+]
 
-_CACHE: dict[type[BaseException], type[BaseException]] = {}
-_CACHE_LOCK = threading.Lock()
+
+class DistCommunicationError(E.CommunicationError, dist.DistBackendError):
+    """A unison :class:`~unison.errors.CommunicationError` as torch's DistBackendError."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a module-level class with its message and attributes: torch's futures pickle
+        # the exceptions they carry (and so does multiprocessing)
+        return (type(self), (str(self),), dict(self.__dict__))
 
 
-def _torch_type(tp: type[BaseException]) -> type[BaseException]:
-    """A class deriving from torch's DistBackendError and from the unison error type."""
-    with _CACHE_LOCK:
-        out = _CACHE.get(tp)
-        if out is None:
-            out = type(f"Dist{tp.__name__}", (tp, dist.DistBackendError), {})
-            out.__module__ = __name__
-            _CACHE[tp] = out
-        return out
+class DistCollectiveTimeoutError(DistCommunicationError, E.CollectiveTimeoutError):
+    """A unison :class:`~unison.errors.CollectiveTimeoutError` (also a ``TimeoutError``)."""
+
+
+class DistPeerLostError(DistCommunicationError, E.PeerLostError):
+    """A unison :class:`~unison.errors.PeerLostError` (also a ``ConnectionError``)."""
+
+
+class DistMismatchError(DistCommunicationError, E.MismatchError):
+    """A unison :class:`~unison.errors.MismatchError`."""
+
+
+class DistAbortedError(DistCommunicationError, E.AbortedError):
+    """A unison :class:`~unison.errors.AbortedError`."""
+
+
+_DIST: dict[type[BaseException], type[DistCommunicationError]] = {
+    E.CommunicationError: DistCommunicationError,
+    E.CollectiveTimeoutError: DistCollectiveTimeoutError,
+    E.PeerLostError: DistPeerLostError,
+    E.MismatchError: DistMismatchError,
+    E.AbortedError: DistAbortedError,
+}
+
+
+def _torch_type(tp: type[BaseException]) -> type[DistCommunicationError]:
+    """The Dist class of a unison error type (of its nearest listed base)."""
+    for base in tp.__mro__:
+        out = _DIST.get(base)
+        if out is not None:
+            return out
+    return DistCommunicationError
 
 
 def translate(exc: BaseException) -> BaseException:
@@ -83,6 +122,7 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
         self._finished = False
         self._error: BaseException | None = None
         self._future: torch.futures.Future[Any] | None = None
+        self._done: torch.futures.Future[None] | None = None  # completes _future
         if not self._parts and finish is None:
             self._finished = True  # a blocking call that ran inline, or nothing to do
 
@@ -112,18 +152,30 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
                     err = exc
             self._error = None if err is None else translate(err)
             self._finished = True
-            fut = self._future
-        if fut is not None:
-            self._complete_future(fut)
+            done = self._done
+        if done is not None:
+            self._complete_future(done)
         return True
 
-    def _complete_future(self, fut: torch.futures.Future[Any]) -> None:
-        if fut.done():
-            return
+    def _complete_future(self, done: torch.futures.Future[None]) -> None:
+        if not done.done():
+            done.set_result(None)  # the future handed out runs _outcome
+
+    def _outcome(self, _done: torch.futures.Future[None]) -> list[torch.Tensor]:
+        """The value of the future handed out, or its error.
+
+        The error is raised here, in a ``then`` callback, so that torch marks the
+        future *failed* (C++ ``setError``). ``Future.set_exception`` would not: it
+        completes the future with the exception object as its value, which C++
+        consumers cannot tell from a result: DDP's reducer extracts the tensors of
+        that value by pickling it (a PicklingError where the class cannot be
+        pickled) and takes the first of them (torch's ``parseCppCommHookResult``
+        indexes an empty list when there is none: a crash in backward). Failed this
+        way, DDP's backward raises torch's ``RuntimeError`` carrying unison's
+        message (type, ranks, operation)."""
         if self._error is not None:
-            fut.set_exception(self._error)
-        else:
-            fut.set_result(self._tensors)
+            raise self._error
+        return self._tensors
 
     # --- torch's Work interface -------------------------------------------------------
     def wait(self, timeout: Any = None) -> bool:
@@ -171,9 +223,10 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
         with self._lock:
             if self._future is not None:
                 return self._future
-            fut = self._future = torch.futures.Future()
+            done = self._done = torch.futures.Future()
+            fut = self._future = done.then(self._outcome)
             if self._finished:
-                self._complete_future(fut)
+                self._complete_future(done)
                 return fut
         if all(p.pushed for p in self._parts):
             left = [len(self._parts)]
