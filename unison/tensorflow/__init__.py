@@ -13,7 +13,7 @@ buffers and back, eagerly or through ``tf.py_function`` inside ``tf.function``.
 
 from __future__ import annotations
 
-from ..torch.basics import (
+from ..horovod.basics import (
     ProcessSet,
     add_process_set,
     ccl_built,
@@ -41,8 +41,8 @@ from ..torch.basics import (
     start_timeline,
     stop_timeline,
 )
-from ..torch.errors import HorovodInternalError, HostsUpdatedInterrupt
-from ..torch.ops import barrier, join
+from ..horovod.errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..horovod.ops import barrier, join
 from . import elastic
 from .compression import Compression
 from .functions import allgather_object, broadcast_, broadcast_object, broadcast_variables

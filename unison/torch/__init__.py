@@ -14,6 +14,7 @@ ranks raises on every rank instead of hanging.
 
 from __future__ import annotations
 
+from ..horovod.handle import Handle
 from . import distributed as _c10d  # noqa: F401  registers the c10d backend "unison"
 from . import elastic
 from .basics import (
@@ -66,7 +67,6 @@ from .functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .handle import Handle
 from .ops import (
     Adasum,
     Average,

@@ -1,20 +1,22 @@
 """Executing agreed responses: the data movement, on the process set's data group.
 
-Runs on the engine thread only. All-reduces planned into one batch by
-:mod:`unison.torch.fusion` are copied (pre-scaled) into a reusable fusion
-buffer, reduced as one message and copied out (post-scaled). Ranks that have
-joined contribute zeros (all-reduce) or nothing (all-gather).
+:class:`ResponseRunner` runs on whichever thread runs the cycle (one at a time).
+All-reduces planned into one batch by :mod:`unison.horovod.fusion` are copied
+(pre-scaled) into a reusable fusion buffer, reduced as one message and copied out
+(post-scaled). Ranks that have joined contribute zeros (all-reduce) or nothing
+(all-gather). Buffers are :class:`unison.buffers.Buffer` views; new results (all-gather,
+all-to-all, reduce-scatter) are new numpy-backed buffers the front end wraps.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
-import torch
+import numpy as np
 
 from .. import ReduceOp
+from ..buffers import Buffer, DType
 from ..comm.api import (
     Group,
     all_gather_into_tensor,
@@ -26,47 +28,24 @@ from ..comm.api import (
 )
 from . import fusion
 from .adasum import adasum_combine
+from .arrays import (
+    COMM_OP,
+    as_float64,
+    dtype_of,
+    from_float64,
+    new_buffer,
+    numel,
+    payload,
+    scale,
+    zeros,
+)
 from .errors import HorovodInternalError, TensorMismatchError
 from .handle import Entry
 from .negotiation import HvdOp, RequestKind, Response, reducescatter_rows
 from .settings import Settings
 from .timeline import Timeline
 
-__all__ = ["Executor", "torch_dtype"]
-
-_UNISON_OP = {
-    HvdOp.AVERAGE: ReduceOp.SUM,
-    HvdOp.SUM: ReduceOp.SUM,
-    HvdOp.MIN: ReduceOp.MIN,
-    HvdOp.MAX: ReduceOp.MAX,
-    HvdOp.PRODUCT: ReduceOp.PRODUCT,
-}
-
-
-def torch_dtype(label: str) -> torch.dtype:
-    dt = getattr(torch, label.removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"unknown dtype {label}")
-    return dt
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def scale_(t: torch.Tensor, factor: float) -> None:
-    """Multiply in place; integers are scaled in double precision and truncated."""
-    if factor == 1.0 or t.numel() == 0:
-        return
-    if t.is_floating_point():
-        t.mul_(factor)
-    elif t.dtype is torch.bool:
-        return
-    else:
-        t.copy_(torch.trunc(t.double() * factor))
+__all__ = ["ResponseRunner"]
 
 
 def _response_error(resp: Response) -> BaseException:
@@ -90,7 +69,13 @@ def _execution_error(resp: Response, exc: BaseException) -> BaseException:
     )
 
 
-class Executor:
+def _rows_view(b: Buffer, start: int, rows: int, width: int) -> np.ndarray:
+    return b.array[start * width : (start + rows) * width]
+
+
+class ResponseRunner:
+    """Moves the data of agreed responses (see the module docstring)."""
+
     def __init__(
         self,
         group: Group,
@@ -105,7 +90,7 @@ class Executor:
         self.me = me
         self.settings = settings
         self.timeline = timeline
-        self._fusion: dict[torch.dtype, torch.Tensor] = {}
+        self._fusion: dict[DType, np.ndarray] = {}
         self.collectives = 0  # data collectives issued (a count for tests and profiles)
 
     def close(self) -> None:
@@ -117,8 +102,8 @@ class Executor:
         of this run still unfinished fails with the error before it is raised: the
         engine has taken these entries off its pending table, so nobody else would."""
         nbytes = [
-            sum(_numel(s) for s in r.request.shapes)
-            * (torch_dtype(r.request.dtype).itemsize if r.request.dtype else 0)
+            sum(numel(s) for s in r.request.shapes)
+            * (dtype_of(r.request.dtype).itemsize if r.request.dtype else 0)
             for r in responses
         ]
         batches = fusion.plan(responses, nbytes, self.settings.fusion_threshold)
@@ -149,7 +134,7 @@ class Executor:
         if kind is not RequestKind.JOIN:
             self.collectives += 1
         start = time.perf_counter()
-        self._queue_spans(resps, ents, start)
+        self.queue_spans(resps, ents, start)
         out: list[Any]
         if kind is RequestKind.ALLREDUCE:
             if first.request.op == HvdOp.ADASUM:
@@ -170,175 +155,179 @@ class Executor:
         else:  # JOIN
             out = [self.ranks[first.value] if first.value >= 0 else -1]
         if kind not in (RequestKind.ALLREDUCE, RequestKind.JOIN):
-            self._span(first.name, kind.name, start, time.perf_counter())
+            self.span(first.name, kind.name, start, time.perf_counter())
         for e, produced in zip(ents, out, strict=True):
             if e is not None:
                 e.handle.finish(e.finish(e, produced))
 
-    def _span(self, name: str, phase: str, start: float, end: float, **args: Any) -> None:
+    # --- the timeline -------------------------------------------------------------------------
+    def span(self, name: str, phase: str, start: float, end: float, **args: Any) -> None:
+        """One timeline span (nothing when no timeline is being written)."""
         if self.timeline is not None:
             self.timeline.span(name, phase, start, end, **args)
 
-    def _queue_spans(self, resps: list[Response], ents: list[Entry | None], start: float) -> None:
+    def queue_spans(self, resps: list[Response], ents: list[Entry | None], start: float) -> None:
+        """The negotiation and queueing spans of ``resps`` (execution starts at ``start``)."""
         if self.timeline is None:
             return
         for r, e in zip(resps, ents, strict=True):
             if e is None:
                 continue
-            self._span(r.name, f"NEGOTIATE_{r.request.kind.name}", e.enqueued, e.decided)
-            self._span(r.name, "QUEUE", e.decided, start)
+            self.span(r.name, f"NEGOTIATE_{r.request.kind.name}", e.enqueued, e.decided)
+            self.span(r.name, "QUEUE", e.decided, start)
 
     # --- all-reduce ---------------------------------------------------------------------------
-    def _tensors(
-        self, resp: Response, e: Entry | None
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _buffers(self, resp: Response, e: Entry | None) -> tuple[list[Buffer], list[Buffer]]:
         if e is not None:
             assert e.outputs is not None
             return list(e.inputs), list(e.outputs)
-        dt = torch_dtype(resp.request.dtype)
-        zeros = [torch.zeros(s, dtype=dt) for s in resp.request.shapes]
-        return zeros, zeros
+        dt = dtype_of(resp.request.dtype)
+        zs = [zeros(dt, s) for s in resp.request.shapes]
+        return zs, zs
 
-    def _buffer(self, dtype: torch.dtype, n: int) -> torch.Tensor:
-        buf = self._fusion.get(dtype)
-        if buf is None or buf.numel() < n:
-            buf = torch.empty(max(n, 1024), dtype=dtype)
-            self._fusion[dtype] = buf
-        return buf[:n]
+    def _fusion_buffer(self, dtype: DType, n: int) -> Buffer:
+        arr = self._fusion.get(dtype)
+        if arr is None or arr.shape[0] < n:
+            arr = np.empty(max(n, 1024), dtype.storage)
+            self._fusion[dtype] = arr
+        view = arr[:n]
+        return Buffer(view, dtype, view)
 
     def _allreduce(self, resps: list[Response], ents: list[Entry | None]) -> list[Any]:
         q = resps[0].request
-        ins: list[torch.Tensor] = []
-        outs: list[torch.Tensor] = []
+        ins: list[Buffer] = []
+        outs: list[Buffer] = []
         for r, e in zip(resps, ents, strict=True):
-            i, o = self._tensors(r, e)
+            i, o = self._buffers(r, e)
             ins += i
             outs += o
+        dt = ins[0].dtype
         post = q.postscale / self.size if q.op == HvdOp.AVERAGE else q.postscale
-        uop = _UNISON_OP[HvdOp(q.op)]
+        uop = COMM_OP[HvdOp(q.op)]
         t0 = time.perf_counter()
         if len(ins) == 1:
             buf = outs[0]
-            if buf.data_ptr() != ins[0].data_ptr():
-                buf.copy_(ins[0])
-            scale_(buf, q.prescale)
+            scale(ins[0].array, dt, q.prescale, out=buf.array)  # the copy, where one is due
             t1 = time.perf_counter()
-            all_reduce(buf, uop, self.group)
+            all_reduce(payload(buf), uop, self.group)
             t2 = time.perf_counter()
-            scale_(buf, post)
+            scale(buf.array, dt, post)
             t3 = time.perf_counter()
         else:
-            total = sum(t.numel() for t in ins)
-            buf = self._buffer(ins[0].dtype, total)
-            # floating point: the scaling rides on the copy in and out (one pass over the
-            # bytes instead of two; the same multiplication, so the same bits)
-            fold = buf.is_floating_point()
+            total = sum(b.count for b in ins)
+            buf = self._fusion_buffer(dt, total)
+            fused = buf.array
+            # the scaling rides on the copy in and out (one pass over the bytes)
             off = 0
-            for t in ins:
-                n = t.numel()
-                if fold and q.prescale != 1.0:
-                    torch.mul(t.reshape(-1), q.prescale, out=buf[off : off + n])
-                else:
-                    buf[off : off + n].copy_(t.reshape(-1))
-                off += n
-            if not fold:
-                scale_(buf, q.prescale)
+            for b in ins:
+                scale(b.array, dt, q.prescale, out=fused[off : off + b.count])
+                off += b.count
             t1 = time.perf_counter()
-            all_reduce(buf, uop, self.group)
+            all_reduce(payload(buf), uop, self.group)
             t2 = time.perf_counter()
-            if not fold:
-                scale_(buf, post)
             off = 0
-            for t in outs:
-                n = t.numel()
-                if fold and post != 1.0:
-                    torch.mul(buf[off : off + n], post, out=t.view(-1))
-                else:
-                    t.view(-1).copy_(buf[off : off + n])
-                off += n
+            for b in outs:
+                scale(fused[off : off + b.count], dt, post, out=b.array)
+                off += b.count
             t3 = time.perf_counter()
         if self.timeline is not None:
-            fused = len(ins) > 1
+            fused_n = len(ins) > 1
             for r in resps:
-                if fused:
-                    self._span(r.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
-                self._span(r.name, "ALLREDUCE", t1, t2, fused=len(resps))
-                if fused:
-                    self._span(r.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
+                if fused_n:
+                    self.span(r.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
+                self.span(r.name, "ALLREDUCE", t1, t2, fused=len(resps))
+                if fused_n:
+                    self.span(r.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
         return [list(e.outputs) if e is not None and e.outputs is not None else None for e in ents]
 
-    def _adasum(self, resp: Response, e: Entry | None) -> list[torch.Tensor]:
+    def _adasum(self, resp: Response, e: Entry | None) -> list[Buffer]:
         q = resp.request
-        ins, outs = self._tensors(resp, e)
+        ins, outs = self._buffers(resp, e)
         t0 = time.perf_counter()
         for i, o in zip(ins, outs, strict=True):
-            mine = i.reshape(-1).to(torch.float64) * q.prescale
-            everyone = torch.empty(self.size * mine.numel(), dtype=torch.float64)
-            all_gather_into_tensor(everyone, mine.contiguous(), self.group)
-            combined = adasum_combine(list(everyone.view(self.size, -1).unbind(0)))
-            o.view(-1).copy_((combined * q.postscale).to(o.dtype))
-        self._span(resp.name, "ADASUM_ALLREDUCE", t0, time.perf_counter())
+            mine = as_float64(i) * q.prescale
+            everyone = np.empty(self.size * mine.shape[0], np.float64)
+            all_gather_into_tensor(everyone, mine, self.group)
+            combined = adasum_combine(list(everyone.reshape(self.size, -1)))
+            o.array[...] = from_float64(combined * q.postscale, o.dtype)
+        self.span(resp.name, "ADASUM_ALLREDUCE", t0, time.perf_counter())
         return outs
 
     # --- the others ---------------------------------------------------------------------------
-    def _allgather(self, resp: Response, e: Entry | None) -> list[torch.Tensor]:
+    def _allgather(self, resp: Response, e: Entry | None) -> list[Buffer]:
         q = resp.request
-        dt = torch_dtype(q.dtype)
-        outs: list[torch.Tensor] = []
+        dt = dtype_of(q.dtype)
+        outs: list[Buffer] = []
         for j, shape in enumerate(q.shapes):
             rest = tuple(shape[1:])
+            width = numel(rest)
             rows = [resp.per_rank[r][j] for r in range(self.size)]
-            out = torch.empty((sum(rows), *rest), dtype=dt)
-            mine = e.inputs[j] if e is not None else torch.empty((0, *rest), dtype=dt)
+            out = new_buffer(dt, (sum(rows), *rest))
+            mine = e.inputs[j].array if e is not None else np.empty(0, dt.storage)
             if self.size == 1:
-                out.copy_(mine)
+                out.array[...] = mine
             else:
-                pieces = list(torch.split(out, rows, dim=0))
+                pieces = []
+                at = 0
+                for n in rows:
+                    pieces.append(_rows_view(out, at, n, width))
+                    at += n
                 all_to_all(pieces, [mine] * self.size, self.group)
             outs.append(out)
         return outs
 
-    def _broadcast(self, resp: Response, e: Entry | None) -> list[torch.Tensor]:
-        ins, outs = self._tensors(resp, e)
+    def _broadcast(self, resp: Response, e: Entry | None) -> list[Buffer]:
+        ins, outs = self._buffers(resp, e)
         for i, o in zip(ins, outs, strict=True):
-            if o.data_ptr() != i.data_ptr():
-                o.copy_(i)
-            broadcast(o, resp.request.root, self.group)
+            if o.array is not i.array:
+                np.copyto(o.array, i.array)
+            broadcast(o.array, resp.request.root, self.group)
         return outs
 
-    def _alltoall(self, resp: Response, e: Entry | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _alltoall(self, resp: Response, e: Entry | None) -> tuple[Buffer, np.ndarray]:
         assert e is not None
-        t = e.inputs[0]
+        b = e.inputs[0]
+        shape = b.shape
+        width = numel(shape[1:])
         # the response carries the first rank's request: this rank's own splits are its row
         sends = list(resp.per_rank[self.me])
         recv = [resp.per_rank[r][self.me] for r in range(self.size)]
-        out = torch.empty((sum(recv), *t.shape[1:]), dtype=t.dtype)
-        ins = list(torch.split(t, sends, dim=0))
-        outs = list(torch.split(out, recv, dim=0))
+        out = new_buffer(b.dtype, (sum(recv), *shape[1:]))
         if self.size == 1:
-            out.copy_(t)
+            out.array[...] = b.array[: out.count]
         else:
+            ins, outs = [], []
+            at_in = at_out = 0
+            for s, r in zip(sends, recv, strict=True):
+                ins.append(_rows_view(b, at_in, s, width))
+                outs.append(_rows_view(out, at_out, r, width))
+                at_in += s
+                at_out += r
             all_to_all(outs, ins, self.group)
-        return out, torch.tensor(recv, dtype=torch.int32)
+        return out, np.asarray(recv, np.int32)
 
-    def _reducescatter(self, resp: Response, e: Entry | None) -> list[torch.Tensor]:
+    def _reducescatter(self, resp: Response, e: Entry | None) -> list[Buffer]:
         assert e is not None
         q = resp.request
         post = q.postscale / self.size if q.op == HvdOp.AVERAGE else q.postscale
-        outs: list[torch.Tensor] = []
-        for t in e.inputs:
-            rows = reducescatter_rows(t.shape[0], self.size)
+        uop: ReduceOp = COMM_OP[HvdOp(q.op)]
+        outs: list[Buffer] = []
+        for b in e.inputs:
+            shape = b.shape
+            rows = reducescatter_rows(shape[0], self.size)
             width = rows[0]
-            rest = tuple(t.shape[1:])
-            padded = torch.zeros((self.size * width, *rest), dtype=t.dtype)
+            rest = tuple(shape[1:])
+            w = numel(rest)
+            padded = zeros(b.dtype, (self.size * width, *rest))
             off = 0
             for r, n in enumerate(rows):
-                padded[r * width : r * width + n].copy_(t[off : off + n])
+                _rows_view(padded, r * width, n, w)[...] = _rows_view(b, off, n, w)
                 off += n
-            scale_(padded, q.prescale)
-            part = torch.empty((width, *rest), dtype=t.dtype)
-            reduce_scatter_tensor(part, padded, _UNISON_OP[HvdOp(q.op)], self.group)
-            out = part[: rows[self.me]].clone()
-            scale_(out, post)
+            scale(padded.array, b.dtype, q.prescale)
+            part = new_buffer(b.dtype, (width, *rest))
+            reduce_scatter_tensor(payload(part), payload(padded), uop, self.group)
+            out = new_buffer(b.dtype, (rows[self.me], *rest))
+            out.array[...] = part.array[: out.count]
+            scale(out.array, b.dtype, post)
             outs.append(out)
         return outs
