@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # the torch release the suite runs on (pyproject.toml's extra accepts a range)
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo demo-keras primitives test lint typecheck unit soak fuzz clean
+.PHONY: demo demo-keras primitives test test-notorch lint typecheck unit soak fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,7 +42,29 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 	UNISON_TEST_TRANSPORT=tcp $(BIN)/python -m pytest -q tests/comm
 
-test: lint typecheck unit
+test: lint typecheck unit test-notorch
+
+# TensorFlow and Keras users install no torch: in a venv of its own with TF, Keras and
+# JAX but no torch, unison.tensorflow and unison.keras import, and the TF2 custom loop
+# and the Keras example (tensorflow and jax backends) train under `unison run -np 2`.
+NOTORCH := .venv-notorch
+NOTORCH_STAMP := $(NOTORCH)/.installed
+$(NOTORCH_STAMP): pyproject.toml
+	$(PY) -m venv $(NOTORCH)
+	$(NOTORCH)/bin/pip install -q --upgrade pip
+	$(NOTORCH)/bin/pip install -q numpy 'tensorflow-cpu==2.21.0' 'keras>=3.15' 'jax[cpu]' \
+		scikit-learn pytest pytest-timeout
+	$(NOTORCH)/bin/pip install -q --no-deps -e .
+	touch $(NOTORCH_STAMP)
+
+test-notorch: $(NOTORCH_STAMP)
+	$(NOTORCH)/bin/python -c "import importlib.util as u, sys; \
+		assert u.find_spec('torch') is None, 'torch is installed in $(NOTORCH)'; \
+		import unison.tensorflow, unison.keras; assert 'torch' not in sys.modules"
+	$(NOTORCH)/bin/unison run -np 2 $(NOTORCH)/bin/python examples/tensorflow2_digits.py
+	KERAS_BACKEND=tensorflow $(NOTORCH)/bin/unison run -np 2 \
+		$(NOTORCH)/bin/python examples/keras_digits.py
+	KERAS_BACKEND=jax $(NOTORCH)/bin/unison run -np 2 $(NOTORCH)/bin/python examples/keras_digits.py
 
 # 20,000 random operations at np=4, every result checked (a short form runs in `make test`).
 soak: $(STAMP)
@@ -54,4 +76,4 @@ fuzz: $(STAMP)
 		tests/store/test_store_proto.py -p no:cacheprovider --hypothesis-profile=fuzz
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(NOTORCH) .pytest_cache .mypy_cache .ruff_cache
