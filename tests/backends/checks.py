@@ -7,6 +7,7 @@ Each check computes its expectation with numpy from the ranks' known inputs.
 
 from __future__ import annotations
 
+import datetime
 import sys
 from collections.abc import Callable
 
@@ -203,6 +204,22 @@ def check_objects() -> None:
     assert un.scatter_object([f"x{q}" for q in range(p)] if r == 0 else None, src=0) == f"x{r}"
 
 
+def check_group_options() -> None:
+    """new_group's keywords on every backend: the group's own timeout, an arena it may
+    not reserve; the group computes as any other; wait_quiet never raises."""
+    r, p = un.rank(), un.size()
+    g = un.new_group(timeout=datetime.timedelta(seconds=45), shared_arena=False)
+    assert g.config.timeout == 45.0
+    alls = [_inputs(100_000, np.float64, q) for q in range(p)]
+    x = alls[r].copy()
+    w = un.all_reduce(x, group=g, async_op=True)
+    assert w.wait_quiet(60) and w.exception() is None
+    np.testing.assert_allclose(x, np.sum(alls, axis=0))
+    assert isinstance(g.caller_thread_collectives, bool)
+    if g.backend.name != "native":
+        assert not g.caller_thread_collectives
+
+
 CHECKS = [
     check_all_reduce,
     check_rooted,
@@ -211,6 +228,7 @@ CHECKS = [
     check_p2p,
     check_any_source,
     check_objects,
+    check_group_options,
 ]
 
 

@@ -221,3 +221,28 @@ def test_member_that_never_makes_the_group_is_a_timeout_naming_the_collective() 
     assert text.startswith("all_reduce: rank 1 did not answer the shared-arena set-up"), text
     assert list(ranks) == [1] and waited <= 4, outs[0]
     assert outs[1] == ["slept"]
+
+
+def _no_arena() -> list[object]:
+    """``new_group(shared_arena=False)`` allocates nothing in /dev/shm on its members and
+    never gets an arena; its large collectives give the oracle's result."""
+    r = un.rank()
+    before = _allocated()
+    g = un.new_group([0, 1], shared_arena=False)
+    grew = _allocated() - before
+    n = NBYTES // 8 + 3
+    ins = [_inp(q, n, np.float64, 2) for q in (0, 1)]
+    ok = True
+    if r in (0, 1):
+        x = ins[r].copy()
+        un.all_reduce(x, group=g)
+        ok = bool(np.array_equal(x, reduce_oracle(ins, ReduceOp.SUM)))
+        current().choose("all_reduce", 2, x.nbytes, g)  # where an arena would be agreed
+    un.barrier()
+    return [grew, ok, current().executors[g.id].topo.arena is None]
+
+
+def test_shared_arena_false_reserves_no_arena() -> None:
+    env = {"UNISON_TIMEOUT": "60", "UNISON_GROUP_ARENA_BYTES": str(ARENA)}
+    for r, got in enumerate(spawn(_no_arena, 3, timeout=120, env=env)):
+        assert got == [0, True, True], (r, got)

@@ -120,3 +120,38 @@ def _timed_out_recv_is_withdrawn() -> None:
 
 def test_a_timed_out_receive_does_not_swallow_the_next_message() -> None:
     spawn(_timed_out_recv_is_withdrawn, 2, env={"UNISON_TIMEOUT": "2"})
+
+
+def _wait_quiet() -> list[object]:
+    """``Work.wait_quiet`` on native point-to-point: False while the message has not come,
+    True once it has (the buffer filled), True without raising for a failed receive whose
+    ``wait()`` raises; an async collective's Work (no request underneath) waits too."""
+    r = un.rank()
+    got: list[object] = []
+    if r == 0:
+        un.recv(np.empty(1), src=1, tag=1)  # rank 1 has timed its first wait out
+        un.send(np.arange(5, dtype=np.int64), dst=1, tag=2)
+        un.send(np.zeros(10, np.float32), dst=1, tag=3)
+    else:
+        a = np.zeros(5, np.int64)
+        w = un.irecv(a, src=0, tag=2)
+        got.append(w.wait_quiet(0.2))  # nothing sent yet
+        un.send(np.zeros(1), dst=0, tag=1)
+        got.append(w.wait_quiet(30))
+        got.append(a.tolist())
+        bad = un.irecv(np.empty(11, np.float32), src=0, tag=3)
+        got.append(bad.wait_quiet(30))  # finished, with an error it does not raise
+        with pytest.raises(un.MismatchError, match="x 11"):
+            bad.wait()
+    x = np.full(3, r + 1.0)
+    w2 = un.all_reduce(x, async_op=True)
+    assert w2 is not None
+    got.append(w2.wait_quiet(30))
+    got.append(x.tolist())
+    return got
+
+
+def test_wait_quiet_on_native_requests() -> None:
+    outs = spawn(_wait_quiet, 2, env={"UNISON_TIMEOUT": "30"})
+    assert outs[0] == [True, [3.0, 3.0, 3.0]]
+    assert outs[1] == [False, True, [0, 1, 2, 3, 4], True, True, [3.0, 3.0, 3.0]]

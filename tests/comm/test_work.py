@@ -69,3 +69,13 @@ def test_joined_fails_with_the_first_error_or_gives_its_result() -> None:
     bad = joined("both", [c, d])
     with pytest.raises(KeyError, match="c failed"):
         bad.wait()
+
+
+def test_wait_quiet_reports_completion_and_never_raises() -> None:
+    w = Work("op")
+    assert w.wait_quiet(0.01) is False  # nobody finished it: False, no timeout error
+    threading.Timer(0.05, lambda: w._finish(error=RuntimeError("engine said no"))).start()
+    assert w.wait_quiet(10) is True  # finished with an error: True, the error not raised
+    assert w.wait_quiet(0) is True
+    with pytest.raises(RuntimeError, match="engine said no"):
+        w.wait()

@@ -169,13 +169,18 @@ class BackendRuntime:
         #: every group of this runtime, by id
         self.groups: dict[int, Group] = {0: self.world}
 
-    def new_group(self, ranks: Sequence[int] | None) -> Group:
+    def new_group(
+        self, ranks: Sequence[int] | None, *, timeout: float | None = None, arena: bool = True
+    ) -> Group:
+        """A new group; ``timeout``: its operations' deadline (None: the job's);
+        ``arena`` means nothing here (these engines reserve no shared arena)."""
         members = check_members(ranks, self.size)
         with self._lock:
             gid = self._next_gid
             self._next_gid += 1
-        self.backend.new_group(gid, members)
-        g = Group(gid, members, self.rank, self.config, self.backend)
+        cfg = self.config if timeout is None else self.config.replace(timeout=timeout)
+        self.backend.new_group(gid, members, cfg.timeout)
+        g = Group(gid, members, self.rank, cfg, self.backend)
         self.groups[gid] = g
         return g
 

@@ -101,7 +101,7 @@ class MPIBackend:
         work = poll_work(
             name,
             lambda: bool(Testall(reqs)),
-            self.timeout,
+            comm.config.timeout,
             lambda e: comm_error("mpi", name, e),
             done,
             on_error=comm.mark_broken,
@@ -242,7 +242,7 @@ class MPIBackend:
             req = c.Isend(raw(b.array), dest, t)
         except self.MPI.Exception as exc:
             raise comm_error("mpi", name, exc) from exc
-        return poll_work(name, req.Test, self.timeout, lambda e: comm_error("mpi", name, e))
+        return poll_work(name, req.Test, comm.config.timeout, lambda e: comm_error("mpi", name, e))
 
     def irecv(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         c, t = self._c(comm), self._tag(tag)
@@ -282,11 +282,16 @@ class MPIBackend:
             return comm_error("mpi", name, e)
 
         return poll_work(
-            name, lambda: bool(req.Test(status)), self.timeout, translate, done, source=sender
+            name,
+            lambda: bool(req.Test(status)),
+            comm.config.timeout,
+            translate,
+            done,
+            source=sender,
         )
 
     # --- groups ----------------------------------------------------------------------------------
-    def new_group(self, gid: int, ranks: Sequence[int]) -> None:
+    def new_group(self, gid: int, ranks: Sequence[int], timeout: float) -> None:
         me = self.world.Get_rank()
         color = 0 if me in ranks else self.MPI.UNDEFINED
         self.comms[gid] = self.world.Split(color, me)

@@ -203,7 +203,12 @@ class TorchBackend:
                 return True
 
             return poll_work(
-                name, p2p_test, self.timeout, lambda e: self._error(name, e), done, source=source
+                name,
+                p2p_test,
+                comm.config.timeout,
+                lambda e: self._error(name, e),
+                done,
+                source=source,
             )
 
         def test() -> bool:
@@ -220,7 +225,7 @@ class TorchBackend:
         return poll_work(
             name,
             test,
-            self.timeout,
+            comm.config.timeout,
             lambda e: self._error(name, e),
             done,
             block,
@@ -402,9 +407,9 @@ class TorchBackend:
         return w
 
     # --- groups ----------------------------------------------------------------------------------
-    def new_group(self, gid: int, ranks: Sequence[int]) -> None:
-        # the job's timeout, as for the world: torch's default for new groups is far longer
-        td = datetime.timedelta(seconds=self.timeout)
+    def new_group(self, gid: int, ranks: Sequence[int], timeout: float) -> None:
+        # the group's timeout (by default the job's): torch's default is far longer
+        td = datetime.timedelta(seconds=timeout)
         self.groups[gid] = self.dist.new_group(list(ranks), timeout=td)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ then runs the call.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, overload
 
@@ -19,7 +20,7 @@ from ..errors import InvalidArgumentError
 from ..world import current
 from . import collectives as _c
 from . import objects as _objects
-from .group import Group
+from .group import Group, group_timeout
 from .work import Work
 
 __all__ = [
@@ -111,12 +112,23 @@ def get_world_group() -> Group:
     return current().world
 
 
-def new_group(ranks: Sequence[int] | None = None) -> Group:
+def new_group(
+    ranks: Sequence[int] | None = None,
+    *,
+    timeout: float | datetime.timedelta | None = None,
+    shared_arena: bool = True,
+) -> Group:
     """Create a group of ``ranks`` (global ranks). Every rank of the world must call it,
-    in the same order, as in torch.distributed; non-members get a group they cannot use.
-    On one host the members of one of the first sub-groups (``UNISON_GROUP_SLOTS``) reserve
-    its shared arena when they make it."""
-    return current().new_group(ranks)
+    in the same order and with the same arguments, as in torch.distributed; non-members
+    get a group they cannot use.
+
+    ``timeout`` (seconds or a ``timedelta``; None: the job's ``UNISON_TIMEOUT``) bounds
+    each operation on the group, as torch.distributed's ``new_group(timeout=...)`` does.
+    ``shared_arena``: on one host the members of one of the first sub-groups
+    (``UNISON_GROUP_SLOTS``) reserve a shared-memory arena for its large collectives when
+    they make it; ``False`` reserves none (for a group that only runs small collectives
+    and point-to-point messages). The mpi and torch backends have no arena and ignore it."""
+    return current().new_group(ranks, timeout=group_timeout(timeout), arena=bool(shared_arena))
 
 
 def send(tensor: BufferLike, dst: int, tag: int = 0, group: Group | None = None) -> None:

@@ -99,8 +99,9 @@ class Backend(Protocol):
     def irecv(self, comm: Group, b: Buffer, peer: int, tag: int) -> Work:
         """Start receiving from global rank ``peer`` into ``b``."""
 
-    def new_group(self, gid: int, ranks: Sequence[int]) -> None:
-        """Make the engine's communicator for group ``gid`` (collective over the world)."""
+    def new_group(self, gid: int, ranks: Sequence[int], timeout: float) -> None:
+        """Make the engine's communicator for group ``gid`` (collective over the world),
+        whose operations end by ``timeout`` seconds."""
 
     def close(self) -> None:
         """Release the engine's resources (communicators, process groups)."""

@@ -12,6 +12,7 @@ A group whose operation failed in a way that leaves the engine's state unknown i
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,9 +28,30 @@ if TYPE_CHECKING:
     from ..config import Config
     from .backend import Backend
 
-__all__ = ["ANY_SOURCE", "Group", "check_members"]
+__all__ = ["ANY_SOURCE", "Group", "check_members", "group_timeout"]
 
 _MAX_TAG = (1 << 32) - 1
+
+
+def group_timeout(timeout: Any) -> float | None:
+    """``new_group``'s ``timeout`` in seconds (a number or a ``timedelta``; None: the job's)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float, np.integer, np.floating)) and not isinstance(
+        timeout, bool
+    ):
+        seconds = float(timeout)
+    else:
+        raise InvalidArgumentError(
+            f"new_group: timeout must be seconds or a datetime.timedelta, got {timeout!r}"
+        )
+    if not seconds > 0 or seconds == float("inf"):
+        raise InvalidArgumentError(
+            f"new_group: timeout must be positive and finite, got {timeout!r}"
+        )
+    return seconds
 
 
 def check_members(ranks: Sequence[int] | None, size: int) -> list[int]:
@@ -50,7 +72,8 @@ class Group:
 
     Exposed publicly as :class:`unison.Group`. ``ranks`` are global ranks in group
     order; ``rank`` is this process's rank in the group (None for a non-member);
-    ``global_rank`` is this process's rank in the world.
+    ``global_rank`` is this process's rank in the world. ``config`` is the job's
+    configuration, with the group's own ``timeout`` where ``new_group`` was given one.
     """
 
     def __init__(
@@ -73,6 +96,12 @@ class Group:
         self._lock = threading.Lock()
         #: the engine's fast path for blocking small collectives, or None (set by the engine)
         self.lane: Any = None
+
+    @property
+    def caller_thread_collectives(self) -> bool:
+        """True when the group's engine runs small blocking collectives in the caller's
+        thread (no engine thread, no queue between the call and the bytes)."""
+        return self.lane is not None
 
     def __repr__(self) -> str:
         return f"<unison.Group {self.id} ranks={list(self.ranks)} rank={self.rank}>"

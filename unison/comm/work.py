@@ -12,10 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._completion import Completion
 from ..errors import CollectiveTimeoutError
+
+if TYPE_CHECKING:
+    from ..transport.request import Request
 
 __all__ = ["Progress", "Work", "joined"]
 
@@ -69,8 +72,8 @@ class Work:
         #: the sender of a receive (a global rank), once it finished; None otherwise
         self.source: int | None = None
         #: the transport request underneath a native point-to-point operation (None
-        #: elsewhere): a watcher may block on it without driving the transport
-        self.request: Any = None
+        #: elsewhere); the transport's own thread completes it (see :meth:`wait_quiet`)
+        self.request: Request | None = None
 
     # --- start and completion (called by the shared layer and the engine) -----------
     def _start(self, inline: bool) -> None:
@@ -143,6 +146,21 @@ class Work:
         if self._state.error is not None:
             raise self._state.error
         return True
+
+    def wait_quiet(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the operation to finish; returns whether it
+        did. Never raises the operation's error (:meth:`wait` and :meth:`exception` do).
+
+        Over a transport request that the transport's own thread completes (native
+        point-to-point), the wait sleeps on that request's event instead of driving the
+        transport, so another thread may drive it meanwhile."""
+        if self._state.done():
+            return True
+        req = self.request
+        if req is not None:
+            req.wait_done(timeout)
+            return self._wait_done(0)
+        return self._wait_done(timeout)
 
     def is_completed(self) -> bool:
         return self._wait_done(0)

@@ -208,7 +208,7 @@ class NativeBackend:
         # its result is what torch.distributed's irecv Work holds: the tensor
         return post_recv(self._ex(comm), b, peer, tag)
 
-    def new_group(self, gid: int, ranks: Sequence[int]) -> None:
+    def new_group(self, gid: int, ranks: Sequence[int], timeout: float) -> None:
         """The runtime makes each group's :class:`Executor` (:meth:`Runtime.new_group`)."""
 
     def close(self) -> None:

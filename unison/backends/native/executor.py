@@ -61,7 +61,7 @@ class Executor:
         self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
     ) -> OpSig:
         """The signature every frame of the operation carries (op only when unchecked)."""
-        if not self.rt.config.check_mismatch:
+        if not self.group.config.check_mismatch:
             return OpSig(op=int(op))
         return OpSig(int(op), int(dtype), int(redop), int(root), int(count))
 
@@ -97,7 +97,7 @@ class Executor:
         body: Callable[[OpContext], Any],
         work: Work,
     ) -> None:
-        cfg = self.rt.config
+        cfg = self.group.config
         ctx = self.context(seq, me, op, sig, time.monotonic() + cfg.timeout)
         with self._lock:
             early = self._broken_error(ctx) or self._early_aborts.pop(seq, None)
@@ -130,7 +130,7 @@ class Executor:
 
     def context(self, seq: int, me: int, op: OpCode, sig: OpSig, deadline: float) -> OpContext:
         """Operation ``seq``'s context (the lane builds one only when its call fails)."""
-        cfg = self.rt.config
+        cfg = self.group.config
         ctx = OpContext(
             self.rt.router,
             op=op,
@@ -265,7 +265,7 @@ class Executor:
         """A frame for operation ``seq`` arrived unasked; if it is another op, fail now."""
         with self._lock:
             ctx = self._inflight.get(seq)
-        if not self.rt.config.check_mismatch:
+        if not self.group.config.check_mismatch:
             return
         if ctx is None:
             lane = self.lane
@@ -278,7 +278,7 @@ class Executor:
 
     def _scan_buffered(self, ctx: OpContext) -> None:
         """Frames of this operation that arrived before it started may already disagree."""
-        if not self.rt.config.check_mismatch:
+        if not self.group.config.check_mismatch:
             return
         for t in self.rt.fabric.transports:
             for peer, sig in t.unexpected_sigs(self.id, ctx.seq):

@@ -123,7 +123,7 @@ class Lane:
         self.me = me
         self.others = [r for r in ex.ranks if r != rt.rank]
         self.limit = slots.slot_bytes
-        self.timeout = rt.config.timeout
+        self.timeout = ex.group.config.timeout
         self.check_mismatch = rt.config.check_mismatch
         #: the sequence number of the call running now (0: none)
         self.seq = 0

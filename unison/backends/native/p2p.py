@@ -79,17 +79,17 @@ def post_send(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
     """Send the validated ``b`` to global rank ``peer`` on ``ex``'s group."""
     sig = ex.sig(OpCode.P2P, b.dtype, b.count)
     rt = ex.rt
-    deadline = time.monotonic() + rt.config.timeout
+    deadline = time.monotonic() + ex.group.config.timeout
     req = rt.router.isend(peer, _key(ex, tag), b.array.view(np.uint8), sig, deadline)
     name = f"send to rank {peer} (tag {tag})"
-    return request_work(name, req, deadline, rt.config.timeout, _error(ex, name))
+    return request_work(name, req, deadline, ex.group.config.timeout, _error(ex, name))
 
 
 def post_recv(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
     """Receive from global rank ``peer`` (or ``ANY_SOURCE``) into the validated ``b``."""
     sig = ex.sig(OpCode.P2P, b.dtype, b.count)
     rt = ex.rt
-    deadline = time.monotonic() + rt.config.timeout
+    deadline = time.monotonic() + ex.group.config.timeout
     view = b.array.view(np.uint8)
     if peer == ANY_SOURCE:
         req = rt.router.irecv_any(_key(ex, tag), view, sig)
@@ -101,7 +101,7 @@ def post_recv(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
         name,
         req,
         deadline,
-        rt.config.timeout,
+        ex.group.config.timeout,
         _error(ex, name, sig),
         b.source,
         cancel=lambda r: rt.router.cancel(peer, r),

@@ -208,17 +208,27 @@ class Runtime:
         """Every group of this runtime, by id."""
         return {gid: ex.group for gid, ex in list(self.executors.items())}
 
-    def new_group(self, ranks: Sequence[int] | None, *, arena: bool = True) -> Group:
-        """A new sub-group (every rank calls it, in the same order). ``arena=False``: it
-        never gets a shared arena, for a group whose collectives are all small (the
-        Horovod API's negotiation group): no /dev/shm reserved for it."""
+    def new_group(
+        self, ranks: Sequence[int] | None, *, timeout: float | None = None, arena: bool = True
+    ) -> Group:
+        """A new sub-group (every rank calls it, in the same order). ``timeout``: its
+        operations' deadline (None: the job's). ``arena=False``: it never gets a shared
+        arena, for a group whose collectives are all small (the Horovod API's negotiation
+        group): no /dev/shm reserved for it."""
         members = check_members(ranks, self.size)
         with self._lock:
             gid = self._next_gid
             self._next_gid += 1
-        return self.group(gid, members, arena=arena)
+        return self.group(gid, members, arena=arena, timeout=timeout)
 
-    def group(self, gid: int, members: Sequence[int], *, arena: bool = True) -> Group:
+    def group(
+        self,
+        gid: int,
+        members: Sequence[int],
+        *,
+        arena: bool = True,
+        timeout: float | None = None,
+    ) -> Group:
         """The group ``gid`` of global ``members`` (sorted), made with its executor on
         first use; every rank that uses it passes the same id and members. The members
         of a sub-group with an arena allocate their part of it here and tell each other
@@ -228,16 +238,19 @@ class Runtime:
             if ex is not None:
                 return ex.group
         with self._making:  # a sub-group's arena is agreed with its members: not under _lock
-            return self._make_group(gid, members, arena)
+            return self._make_group(gid, members, arena, timeout)
 
-    def _make_group(self, gid: int, members: Sequence[int], arena: bool = True) -> Group:
+    def _make_group(
+        self, gid: int, members: Sequence[int], arena: bool, timeout: float | None
+    ) -> Group:
         with self._lock:
             ex = self.executors.get(gid)
             if ex is not None:
                 return ex.group
         topo = self._topology(gid, members, arena)
         with self._lock:
-            g = Group(gid, members, self.rank, self.config, self.backend)
+            cfg = self.config if timeout is None else self.config.replace(timeout=timeout)
+            g = Group(gid, members, self.rank, cfg, self.backend)
             ex = Executor(self, g, topo)
             ex.slots = self.fabric.group_slots(gid, g.ranks)
             if ex.slots is not None and not self.overrides:
