@@ -141,14 +141,8 @@ def _cores() -> int:
 
 def _control_group(members: list[int]) -> _un.Group:
     """The set's negotiation group: only small collectives and point-to-point messages
-    run on it, so on unison's own engine it reserves no shared arena (no /dev/shm)."""
-    from ..backends.native.runtime import Runtime
-    from ..world import current
-
-    rt = current()
-    if isinstance(rt, Runtime):
-        return rt.new_group(members, arena=False)
-    return _un.new_group(members)
+    run on it, so it reserves no shared arena (no /dev/shm)."""
+    return _un.new_group(members, shared_arena=False)
 
 
 def _make_engine(ps: ProcessSet) -> None:

@@ -90,10 +90,6 @@ def decode(rec: np.ndarray, k: int, cache: ResponseCache) -> tuple[int, tuple[An
     return flags, ("C", k, bits, [], {}, parts, bool(flags & STEADY))
 
 
-def _caller_thread(group: Group) -> bool:
-    return getattr(group, "lane", None) is not None
-
-
 def _empty(k: int) -> tuple[Any, ...]:
     return ("C", k, b"", [], {}, {}, False)
 
@@ -110,7 +106,7 @@ class GatheredCycles:
         self.group = group
         self.size = size
         self.me = me
-        self.ok = size > 1 and _caller_thread(group)
+        self.ok = size > 1 and group.caller_thread_collectives
         self.enabled = True
         self.rec = np.zeros(RECORD_BYTES, np.uint8)
         self.view = self.rec.data  # this rank's record, for struct.pack_into
