@@ -35,6 +35,11 @@ def main() -> None:
     np.testing.assert_array_equal(got, np.array([1.5, -2.25, 3.0], np.float32))
     g = hvd.allgather(tf.fill([r + 1, 2], tf.constant(r, tf.int64))).numpy()
     np.testing.assert_array_equal(g, np.concatenate([np.full((k + 1, 2), k) for k in every]))
+    # a scalar stays a scalar (a variable assigned from it keeps its shape)
+    v = tf.Variable(float(r + 1))
+    hvd.broadcast_variables([v], 1)
+    assert v.shape == () and float(v.numpy()) == 2.0, v
+    assert hvd.allreduce(tf.constant(r + 1), op=hvd.Sum).shape == ()
     assert hvd.broadcast_object({"r": r}, 0) == {"r": 0}
     hvd.shutdown()
     print(f"ok {r}", flush=True)

@@ -26,7 +26,7 @@ __all__ = ["allgather_numpy", "allreduce_grads", "allreduce_numpy", "broadcast_n
 def _to_buffer(a: np.ndarray) -> Buffer:
     """A numpy array (bfloat16 from ml_dtypes included) as an engine buffer, no copy
     where it is contiguous already."""
-    a = np.ascontiguousarray(a)
+    a = np.require(a, requirements="C")  # keeps 0-d arrays 0-d
     if a.dtype.name == "bfloat16":
         return Buffer(a.reshape(-1).view(np.int16), DType.BFLOAT16, a)
     dt = from_numpy(a.dtype)

@@ -67,7 +67,7 @@ def to_buffer(t: Any) -> Buffer:
     dt = _DTYPES.get(t.dtype)
     if dt is None:
         raise ValueError(f"Tensor type {t.dtype.name} is not supported.")
-    a = np.ascontiguousarray(t.numpy())
+    a = np.require(t.numpy(), requirements="C")  # keeps 0-d arrays 0-d
     flat = a.reshape(-1)
     if dt is DType.BFLOAT16:
         flat = flat.view(np.int16)
