@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from unison.buffers import Buffer, DType
 from unison.horovod import basics as hvd
 from unison.horovod import ops
 from unison.horovod.functions import allgather_object, broadcast_object
@@ -31,6 +32,13 @@ def main() -> None:
         got = _run(ops.allreduce_async(i, name=f"avg{count}", prescale_factor=3.0))
         total = sum(np.array([-7, 7, 5, -1], np.int64) * (k + 1) * 3 for k in every)
         np.testing.assert_array_equal(got, np.trunc(total / n).astype(np.int32))
+    # bfloat16 (int16 storage): reduced in rank order with numpy alone
+    f = np.array([1.5, -2.25, 3.0, 0.0], np.float32) * (r + 1)
+    bits = (f.view(np.uint32) >> 16).astype(np.uint16).view(np.int16)
+    got = ops.synchronize(ops.allreduce_async(Buffer(bits, DType.BFLOAT16, bits), op=ops.Sum))
+    back = (got.array.astype(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    tri = sum(k + 1 for k in every)
+    np.testing.assert_array_equal(back, np.array([1.5, -2.25, 3.0, 0.0], np.float32) * tri)
     # a grouped (fused) float32 allreduce with a postscale, in place
     a = np.full(3, r + 1, np.float32)
     b = np.arange(4, dtype=np.float32) + r

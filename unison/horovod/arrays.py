@@ -32,6 +32,7 @@ __all__ = [
     "new_buffer",
     "numel",
     "payload",
+    "reduce_bf16",
     "reduce_kernel",
     "scale",
     "scaled",
@@ -145,6 +146,26 @@ def scale(a: np.ndarray, dtype: DType, factor: float, out: np.ndarray | None = N
         _kernel(ReduceOp.PRODUCT, dtype)(a, factor_of(dtype, factor), dst)
         return
     dst[...] = scaled(a, dtype, factor)
+
+
+_BF16_UFUNC = {
+    HvdOp.AVERAGE: np.add,
+    HvdOp.SUM: np.add,
+    HvdOp.MIN: np.minimum,
+    HvdOp.MAX: np.maximum,
+    HvdOp.PRODUCT: np.multiply,
+}
+
+
+def reduce_bf16(parts: list[np.ndarray], op: int) -> np.ndarray:
+    """bfloat16 parts (int16 storage) reduced in rank order, each step computed in
+    float32 and rounded to bfloat16 (what torch's bfloat16 kernels do), with numpy only."""
+    ufunc = _BF16_UFUNC[HvdOp(op)]
+    acc = parts[0]
+    with np.errstate(all="ignore"):
+        for p in parts[1:]:
+            acc = _f32_to_bf16(ufunc(_bf16_to_f32(acc), _bf16_to_f32(p)))
+    return acc.copy() if acc is parts[0] else acc
 
 
 def as_float64(b: Buffer) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import ReduceOp
+from .._types import ReduceOp
 from ..buffers import Buffer, DType
 from ..comm.api import (
     Group,
@@ -36,6 +36,7 @@ from .arrays import (
     new_buffer,
     numel,
     payload,
+    reduce_bf16,
     scale,
     zeros,
 )
@@ -205,6 +206,8 @@ class ResponseRunner:
         post = q.postscale / self.size if q.op == HvdOp.AVERAGE else q.postscale
         uop = COMM_OP[HvdOp(q.op)]
         t0 = time.perf_counter()
+        if dt is DType.BFLOAT16:
+            return self._allreduce_bf16(resps, ents, ins, outs, t0)
         if len(ins) == 1:
             buf = outs[0]
             scale(ins[0].array, dt, q.prescale, out=buf.array)  # the copy, where one is due
@@ -238,6 +241,39 @@ class ResponseRunner:
                 self.span(r.name, "ALLREDUCE", t1, t2, fused=len(resps))
                 if fused_n:
                     self.span(r.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
+        return [list(e.outputs) if e is not None and e.outputs is not None else None for e in ents]
+
+    def _allreduce_bf16(
+        self,
+        resps: list[Response],
+        ents: list[Entry | None],
+        ins: list[Buffer],
+        outs: list[Buffer],
+        t0: float,
+    ) -> list[Any]:
+        """bfloat16: every rank's (pre-scaled) parts gathered, then reduced in rank order
+        here (numpy has no bfloat16 kernels; this needs no torch)."""
+        q = resps[0].request
+        post = q.postscale / self.size if q.op == HvdOp.AVERAGE else q.postscale
+        total = sum(b.count for b in ins)
+        mine = np.empty(total, np.int16)
+        off = 0
+        for b in ins:
+            scale(b.array, DType.BFLOAT16, q.prescale, out=mine[off : off + b.count])
+            off += b.count
+        everyone = np.empty(self.size * total, np.int16)
+        t1 = time.perf_counter()
+        all_gather_into_tensor(everyone, mine, self.group)
+        t2 = time.perf_counter()
+        flat = reduce_bf16(list(everyone.reshape(self.size, total)), q.op)
+        off = 0
+        for b in outs:
+            scale(flat[off : off + b.count], DType.BFLOAT16, post, out=b.array)
+            off += b.count
+        if self.timeline is not None:
+            for r in resps:
+                self.span(r.name, "ALLREDUCE", t1, t2, fused=len(resps))
+        del t0
         return [list(e.outputs) if e is not None and e.outputs is not None else None for e in ents]
 
     def _adasum(self, resp: Response, e: Entry | None) -> list[Buffer]:
