@@ -361,7 +361,14 @@ class ResponseRunner:
                 off += n
             scale(padded.array, b.dtype, q.prescale)
             part = new_buffer(b.dtype, (width, *rest))
-            reduce_scatter_tensor(payload(part), payload(padded), uop, self.group)
+            if b.dtype is DType.BFLOAT16:  # gathered and reduced here, as in _allreduce_bf16
+                n = padded.count
+                everyone = np.empty(self.size * n, np.int16)
+                all_gather_into_tensor(everyone, padded.array, self.group)
+                full = reduce_bf16(list(everyone.reshape(self.size, n)), q.op)
+                part.array[...] = _rows_view(Buffer(full, b.dtype, full), self.me * width, width, w)
+            else:
+                reduce_scatter_tensor(payload(part), payload(padded), uop, self.group)
             out = new_buffer(b.dtype, (rows[self.me], *rest))
             out.array[...] = part.array[: out.count]
             scale(out.array, b.dtype, post)
