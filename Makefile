@@ -13,7 +13,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 PIP := $(BIN)/python -m pip install --progress-bar on
 
-.PHONY: demo demo-keras primitives test lint typecheck unit soak faults fuzz torch-suite clean
+.PHONY: demo demo-keras primitives test test-notorch lint typecheck unit soak faults fuzz torch-suite clean
 
 $(BIN)/python:
 	@$(PY) -m venv $(VENV) || { rm -rf $(VENV); echo "make: '$(PY) -m venv' failed;" \
@@ -59,7 +59,29 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 	UNISON_TEST_TRANSPORT=tcp $(BIN)/python -m pytest -q tests/comm
 
-test: lint typecheck unit
+test: lint typecheck unit test-notorch
+
+# TensorFlow and Keras users install no torch: in a venv of its own with TF, Keras and
+# JAX but no torch, unison.tensorflow and unison.keras import, and the TF2 custom loop
+# and the Keras example (tensorflow and jax backends) train under `unison run -np 2`.
+NOTORCH := .venv-notorch
+NOTORCH_STAMP := $(NOTORCH)/.installed
+$(NOTORCH_STAMP): pyproject.toml
+	$(PY) -m venv $(NOTORCH)
+	$(NOTORCH)/bin/pip install -q --upgrade pip
+	$(NOTORCH)/bin/pip install -q numpy 'tensorflow-cpu==2.21.0' 'keras>=3.15' 'jax[cpu]' \
+		scikit-learn pytest pytest-timeout
+	$(NOTORCH)/bin/pip install -q --no-deps -e .
+	touch $(NOTORCH_STAMP)
+
+test-notorch: $(NOTORCH_STAMP)
+	$(NOTORCH)/bin/python -c "import importlib.util as u, sys; \
+		assert u.find_spec('torch') is None, 'torch is installed in $(NOTORCH)'; \
+		import unison.tensorflow, unison.keras; assert 'torch' not in sys.modules"
+	$(NOTORCH)/bin/unison run -np 2 $(NOTORCH)/bin/python examples/tensorflow2_digits.py
+	KERAS_BACKEND=tensorflow $(NOTORCH)/bin/unison run -np 2 \
+		$(NOTORCH)/bin/python examples/keras_digits.py
+	KERAS_BACKEND=jax $(NOTORCH)/bin/unison run -np 2 $(NOTORCH)/bin/python examples/keras_digits.py
 
 # PyTorch's own distributed suite (torch's DistributedTest, shipped in the wheel), CPU,
 # fork start, world sizes 2 and 3, on Gloo and on "unison": fails when a test that
@@ -85,4 +107,4 @@ fuzz: $(STAMP)
 		tests/store/test_store_proto.py -p no:cacheprovider --hypothesis-profile=fuzz
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(TORCH_SUITE_OUT)
+	rm -rf $(VENV) $(NOTORCH) .pytest_cache .mypy_cache .ruff_cache $(TORCH_SUITE_OUT)

@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "unison.bench",
             "unison.simulate",
             "unison.torch",
+            "unison.horovod",
             "unison.ps",
             "unison.tensorflow",
             "unison.keras",

@@ -38,7 +38,7 @@ import unison
 import unison.torch as hvd
 from unison import elastic
 
-erun = importlib.import_module("unison.torch.elastic.run")  # its last_failure_at
+erun = importlib.import_module("unison.horovod.elastic")  # its last_failure_at
 if os.environ.get("UNISON_ELASTIC_ID", "") in os.environ.get("ELASTIC_TEST_DIE_IN_INIT", "-"):
     # a new member that dies while the others wait for it in the new world's rendezvous
     from unison.elastic.rendezvous import epoch_of

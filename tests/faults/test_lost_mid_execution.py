@@ -25,7 +25,7 @@ VICTIM = 2
 def _victim_dies_in_data_op(n: int) -> tuple[float, str, str | None, tuple[int, ...]]:
     import unison.torch as hvd
     from unison import world
-    from unison.torch.errors import HorovodInternalError
+    from unison.horovod.errors import HorovodInternalError
 
     torch.set_num_threads(1)
     hvd.init()

@@ -22,7 +22,7 @@ def _arenas() -> list[Any]:
     seg = rt.fabric.shm_setup.segment  # type: ignore[attr-defined]
     world_part = rt.fabric.shm_setup.world_part  # type: ignore[attr-defined]
     eng = engine_of(hvd.global_process_set)
-    ctl, data = eng.channel.group, eng.executor.group
+    ctl, data = eng.channel.group, eng.runner.group
     for i in range(4):
         hvd.allreduce(torch.ones(3), name=f"small.{i % 2}")
     big = torch.arange(3 << 18, dtype=torch.float32)  # 3 MiB: rounds of the data arena

@@ -26,15 +26,15 @@ def _body() -> dict[str, Any]:
     eng.channel.sleep_wait = r == 1
     for _ in range(3):  # the first call is negotiated; later ones hit the response cache
         hvd.allreduce(torch.ones(1), name="small", op=hvd.Sum)
-    c0, x0, i0 = eng.counts["cycles"], eng.executor.collectives, eng.counts["inline"]
+    c0, x0, i0 = eng.counts["cycles"], eng.runner.collectives, eng.counts["carried"]
     k0, w0 = eng.counts["caller"], eng.channel.watched
     for i in range(N):
         out = hvd.allreduce(torch.tensor([float(r + i)]), name="small", op=hvd.Sum)
         assert out.item() == sum(q + i for q in range(n)), (i, out)
     steady = {
         "cycles": eng.counts["cycles"] - c0,
-        "collectives": eng.executor.collectives - x0,
-        "inline": eng.counts["inline"] - i0,
+        "collectives": eng.runner.collectives - x0,
+        "inline": eng.counts["carried"] - i0,
         "caller": eng.counts["caller"] - k0,
         "watched": eng.channel.watched - w0,
     }
@@ -86,7 +86,7 @@ def _body() -> dict[str, Any]:
                 torch.randn(4, 50, generator=gen).to(dt),
             ]
 
-        x2 = eng.executor.collectives
+        x2 = eng.runner.collectives
         outs = hvd.grouped_allreduce(
             inputs(r),
             name=f"fused.{dt}.{pre}",
@@ -101,8 +101,8 @@ def _body() -> dict[str, Any]:
                 acc.add_(inputs(q)[j].clone().mul_(pre))
             want.append(acc.mul_(post / n))
         exact = all(torch.equal(o, w) for o, w in zip(outs, want, strict=True))
-        fused.append((str(dt), exact, eng.executor.collectives - x2))
-    x1 = eng.executor.collectives
+        fused.append((str(dt), exact, eng.runner.collectives - x2))
+    x1 = eng.runner.collectives
     big = hvd.allreduce(torch.full((1000,), float(r)), name="big", op=hvd.Sum)
     return {
         "steady": steady,
@@ -111,7 +111,7 @@ def _body() -> dict[str, Any]:
         "grouped": [x.tolist() for x in got_g],
         "inplace": t.tolist(),
         "fused": fused,
-        "big": (big[0].item(), eng.executor.collectives - x1),
+        "big": (big[0].item(), eng.runner.collectives - x1),
     }
 
 
@@ -222,7 +222,7 @@ def test_an_idle_engine_runs_blocking_calls_on_the_callers_thread() -> None:
 
 def _names_after_reinit() -> list[str]:
     import unison.torch as hvd
-    from unison.torch.ops import _auto_name
+    from unison.horovod.ops import _auto_name
 
     first = [_auto_name("allreduce", None, hvd.global_process_set) for _ in range(3)]
     hvd.shutdown()

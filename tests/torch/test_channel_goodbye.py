@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _job() -> dict[str, Any]:
     import unison as un
-    from unison.torch.channel import NegotiationChannel
+    from unison.horovod.channel import NegotiationChannel
 
     un.init()
     r = un.rank()

@@ -1,4 +1,4 @@
-"""Steady-state cycles gathered as records in one collective (unison/torch/record.py), on
+"""Steady-state cycles gathered as records in one collective (unison/horovod/record.py), on
 real ranks: the same results and decisions as point to point (oracle), the fallback for
 messages that do not fit, a rank idle past the deadline, stall warnings, async submissions
 in different orders, process sets and shutdown, and a peer lost inside a gathered cycle.
@@ -26,7 +26,7 @@ def _steady() -> dict[str, Any]:
 
     eng = engine_of(hvd.global_process_set)
     r, n = hvd.rank(), hvd.size()
-    if not eng.lanes.ok:
+    if not eng.gathered.ok:
         return {"skip": True}
     out: dict[str, Any] = {"bad": []}
     # 1. a steady loop across dtypes and ops: every later cycle is gathered, results exact
@@ -38,7 +38,7 @@ def _steady() -> dict[str, Any]:
         (torch.int64, hvd.Product),
         (torch.uint8, hvd.Min),
     ]
-    lane0, sent0 = eng.counts["lane"], eng.counts["control_sent"]
+    lane0, sent0 = eng.counts["gathered"], eng.counts["control_sent"]
     for dt, op in cases:
         for i in range(6):
             vals = rng.integers(1, 4, size=(n, 3))  # the same draws on every rank
@@ -53,7 +53,7 @@ def _steady() -> dict[str, Any]:
             }[op]
             if got.dtype != dt or not np.allclose(got.double().numpy(), want):
                 out["bad"].append((str(dt), int(op), i, got.tolist(), want.tolist()))
-    out["lane"] = eng.counts["lane"] - lane0
+    out["lane"] = eng.counts["gathered"] - lane0
     out["sent"] = eng.counts["control_sent"] - sent0
     # 2. a new name and one too big to ride along while gathered: sent point to point
     hvd.allreduce(torch.ones(1), name="warm", op=hvd.Sum)
@@ -78,7 +78,7 @@ def _steady() -> dict[str, Any]:
     # 4. a rank idle for longer than UNISON_TIMEOUT while its peers wait in a gathered cycle
     for _ in range(3):
         hvd.allreduce(torch.ones(1), name="warm", op=hvd.Sum)
-    lane1 = eng.counts["lane"]
+    lane1 = eng.counts["gathered"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if r == n - 1:
@@ -90,7 +90,7 @@ def _steady() -> dict[str, Any]:
                 time.sleep(0.02)
             late = hvd.synchronize(h)
     out["late"] = late.tolist()
-    out["late_lane"] = eng.counts["lane"] - lane1
+    out["late_lane"] = eng.counts["gathered"] - lane1
     out["stall"] = [str(w.message) for w in caught if "stall" in str(w.message)]
     # 5. a process set of two ranks in steady state, then removed (its goodbye is gathered)
     ps = hvd.add_process_set([0, n - 1])
@@ -100,17 +100,17 @@ def _steady() -> dict[str, Any]:
             s = hvd.allreduce(torch.tensor([float(r + i)]), name="ps", op=hvd.Sum, process_set=ps)
             if s.item() != float(n - 1 + 2 * i):
                 out["bad"].append(("ps", i, s.item()))
-        out["ps_lane"] = pe.counts["lane"]
+        out["ps_lane"] = pe.counts["gathered"]
     hvd.remove_process_set(ps)
     # leave in steady state: the global set's goodbye travels in a gathered cycle too
     # (a rank slowed by the machine can stall 'warm' for a while: the stall warnings' cycles
     # are not steady, so go on until every rank agrees on the same count of calls)
     for i in range(20):
         hvd.allreduce(torch.ones(1), name="warm", op=hvd.Sum)
-        done = i >= 2 and eng._lane_next
+        done = i >= 2 and eng.state.gathered_next
         if hvd.allreduce(torch.tensor([float(done)]), name="warm.done", op=hvd.Min).item():
             break
-    out["last_lane"] = eng._lane_next
+    out["last_lane"] = eng.state.gathered_next
     return out
 
 
@@ -148,8 +148,8 @@ def _dies_in_steady_state() -> None:
     eng = engine_of(hvd.global_process_set)
     for _ in range(5):
         hvd.allreduce(torch.ones(1), name="steady")
-    if eng.lanes.ok:
-        assert eng._lane_next
+    if eng.gathered.ok:
+        assert eng.state.gathered_next
     if hvd.rank() == 1:
         os._exit(3)
     with pytest.raises(hvd.HorovodInternalError) as info:

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from unison.torch.cache import ResponseCache, and_bits, bits_to_ids, ids_to_bits
-from unison.torch.fusion import ALONE_BYTES, plan
-from unison.torch.negotiation import (
+from unison.horovod.cache import ResponseCache, and_bits, bits_to_ids, ids_to_bits
+from unison.horovod.fusion import ALONE_BYTES, plan
+from unison.horovod.negotiation import (
     Coordinator,
     HvdOp,
     RequestKind,
@@ -20,9 +20,9 @@ from unison.torch.negotiation import (
     reducescatter_rows,
     request_of,
 )
-from unison.torch.settings import load_settings
-from unison.torch.stall import StallInspector
-from unison.torch.timeline import Timeline
+from unison.horovod.settings import load_settings
+from unison.horovod.stall import StallInspector
+from unison.horovod.timeline import Timeline
 
 
 def ar(
@@ -248,7 +248,7 @@ def test_capability_queries_before_init_are_horovods() -> None:
 def test_cycle_records_round_trip_and_refuse_what_does_not_fit() -> None:
     import numpy as np
 
-    from unison.torch import record
+    from unison.horovod import record
 
     cache = ResponseCache(64)
     for i in range(20):

@@ -1,4 +1,4 @@
-"""The steady-state blocking all-reduce (unison.torch.steady): taken in steady state, the
+"""The steady-state blocking all-reduce (unison.horovod.steady): taken in steady state, the
 same bits as the general cycle for every op, dtype and scaling, in place and not, and a
 cycle whose records differ falls back to the general decision (counts, never timings)."""
 
@@ -68,7 +68,7 @@ def _body() -> dict[str, Any]:
     for _ in range(3):
         hvd.allreduce(torch.ones(1), name="warm", op=hvd.Sum)
     fb0 = eng.steady.fell_back
-    res["lane_before"] = eng._lane_next
+    res["lane_before"] = eng.state.gathered_next
     if r == 0:
         ga = hvd.allreduce(torch.ones(1), name="a", op=hvd.Sum)
         gb = hvd.allreduce(torch.ones(2), name="b", op=hvd.Sum)

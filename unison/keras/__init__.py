@@ -3,8 +3,8 @@
 ``import unison.keras as hvd`` under ``KERAS_BACKEND=tensorflow``, ``torch`` or
 ``jax``: ``DistributedOptimizer`` averages gradients over ranks before Keras
 applies them, the callbacks broadcast the initial variables, average metrics
-and schedule the learning rate, and everything runs on the engine of
-:mod:`unison.torch` (negotiation, fusion, cache, timeline, mismatch errors).
+and schedule the learning rate, and everything runs on the framework-neutral engine
+:mod:`unison.horovod` (negotiation, fusion, cache, timeline, mismatch errors).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import Any
 
 import keras
 import numpy as np
-import torch
 
-from ..torch.basics import (
+from ..horovod.basics import (
     ProcessSet,
     add_process_set,
     cross_rank,
@@ -34,10 +33,10 @@ from ..torch.basics import (
     shutdown,
     size,
 )
-from ..torch.functions import allgather_object, broadcast_object
-from ..torch.negotiation import HvdOp
+from ..horovod.functions import allgather_object, broadcast_object
+from ..horovod.negotiation import HvdOp
 from . import callbacks, elastic
-from ._engine import allreduce_numpy, broadcast_numpy
+from ._engine import allgather_numpy, allreduce_numpy, broadcast_numpy
 from .callbacks import broadcast_global_variables
 from .optimizer import DistributedOptimizer, load_model
 
@@ -78,7 +77,7 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> np.ndarray:
     """Horovod's ``hvd.allreduce(value)`` of the Keras API: a numpy array."""
-    from ..torch.ops import handle_average_backwards_compatibility
+    from ..horovod.ops import handle_average_backwards_compatibility
 
     rop = handle_average_backwards_compatibility(op, average)
     a = keras.ops.convert_to_numpy(value)
@@ -91,11 +90,7 @@ def allgather(
     value: Any, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> np.ndarray:
     """Every rank's ``value`` concatenated along the first dimension (a numpy array)."""
-    from ..torch.ops import allgather_async, synchronize
-
-    a = np.asarray(keras.ops.convert_to_numpy(value))
-    t = synchronize(allgather_async(torch.from_numpy(a.copy()), process_set=process_set))
-    return np.asarray(t.numpy())
+    return allgather_numpy(keras.ops.convert_to_numpy(value), process_set)
 
 
 def broadcast(

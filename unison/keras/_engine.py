@@ -1,9 +1,10 @@
-"""Keras 3, any backend, on the shared engine of :mod:`unison.torch`.
+"""Keras 3, any backend, on the framework-neutral engine (:mod:`unison.horovod`).
 
-Values reach the engine as CPU torch tensors: directly on the torch backend,
-through :mod:`unison.tensorflow` (``tf.py_function`` inside a ``tf.function``)
-on the TensorFlow backend, and through ``jax.pure_callback`` inside ``jit`` on
-the JAX backend. Callbacks run eagerly and go through numpy.
+Values reach the engine as buffers: numpy arrays on the JAX backend (through
+``jax.pure_callback`` inside ``jit``) and for the callbacks, CPU torch tensors'
+memory on the torch backend (through :mod:`unison.torch`), and through
+:mod:`unison.tensorflow` (``tf.py_function`` inside a ``tf.function``) on the
+TensorFlow backend. Nothing here imports a framework the backend does not use.
 """
 
 from __future__ import annotations
@@ -13,26 +14,39 @@ from typing import Any
 
 import keras
 import numpy as np
-import torch
 
-from ..torch import ops as _ops
-from ..torch.basics import ProcessSet, global_process_set
-from ..torch.negotiation import HvdOp
+from ..buffers import Buffer, DType, from_numpy
+from ..horovod import ops as _ops
+from ..horovod.basics import ProcessSet, global_process_set
+from ..horovod.negotiation import HvdOp
 
-__all__ = ["allreduce_grads", "allreduce_numpy", "broadcast_numpy", "is_fp16"]
+__all__ = ["allgather_numpy", "allreduce_grads", "allreduce_numpy", "broadcast_numpy", "is_fp16"]
 
 
-def _to_torch(a: Any) -> torch.Tensor:
-    a = np.array(a, copy=True)
+def _to_buffer(a: np.ndarray) -> Buffer:
+    """A numpy array (bfloat16 from ml_dtypes included) as an engine buffer, no copy
+    where it is contiguous already."""
+    a = np.require(a, requirements="C")  # keeps 0-d arrays 0-d
     if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
+        return Buffer(a.reshape(-1).view(np.int16), DType.BFLOAT16, a)
+    dt = from_numpy(a.dtype)
+    if dt is None:
+        raise ValueError(f"Tensor type {a.dtype} is not supported.")
+    return Buffer(a.reshape(-1), dt, a)
 
 
-def _to_numpy(t: torch.Tensor, like: np.dtype) -> np.ndarray:
-    if t.dtype is torch.bfloat16:
-        return t.view(torch.int16).numpy().view(like)
-    return t.numpy()
+def _to_numpy(b: Buffer, like: np.dtype) -> np.ndarray:
+    """A result buffer as an array of its shape (bfloat16 as ``like``, its numpy type)."""
+    a = b.array.reshape(b.shape)
+    return a.view(like) if b.dtype is DType.BFLOAT16 else a
+
+
+def _half(b: Buffer) -> Buffer:
+    """A floating buffer as float16 (Horovod's fp16 compression), others unchanged."""
+    if not b.dtype.is_floating or b.dtype is DType.FLOAT16:
+        return b
+    h = np.asarray(b.source).astype(np.float16)
+    return Buffer(h.reshape(-1), DType.FLOAT16, h)
 
 
 def allreduce_numpy(
@@ -45,13 +59,13 @@ def allreduce_numpy(
 ) -> list[np.ndarray]:
     """One grouped allreduce of numpy arrays (one request per dtype)."""
     arrs = [np.asarray(a) for a in arrays]
-    ins = [_to_torch(a) for a in arrs]
+    ins = [_to_buffer(a) for a in arrs]
     if fp16:
-        ins = [t.half() if t.is_floating_point() else t for t in ins]
+        ins = [_half(b) for b in ins]
     out: list[np.ndarray] = [np.empty(0)] * len(arrs)
-    groups: dict[torch.dtype, list[int]] = {}
-    for i, t in enumerate(ins):
-        groups.setdefault(t.dtype, []).append(i)
+    groups: dict[DType, list[int]] = {}
+    for i, b in enumerate(ins):
+        groups.setdefault(b.dtype, []).append(i)
     handles = [
         (
             idx,
@@ -77,7 +91,9 @@ def broadcast_numpy(
     arrays: Sequence[Any], root_rank: int, process_set: ProcessSet = global_process_set
 ) -> list[np.ndarray]:
     arrs = [np.asarray(a) for a in arrays]
-    hs = [_ops.broadcast_async(_to_torch(a), int(root_rank), process_set=process_set) for a in arrs]
+    hs = [
+        _ops.broadcast_async(_to_buffer(a), int(root_rank), process_set=process_set) for a in arrs
+    ]
     return [
         _to_numpy(_ops.synchronize(h), a.dtype).reshape(a.shape)
         for h, a in zip(hs, arrs, strict=True)
@@ -117,7 +133,7 @@ def allreduce_grads(
                                    postscale_factor=postscale, process_set=process_set)  # fmt: skip
         else:
             ys = reduce([grads[i] for i in idx])
-    elif backend == "torch":
+    elif backend == "torch":  # the torch front (Keras' torch backend has torch)
         from ..torch.collectives import grouped_allreduce as torch_grouped
         from ..torch.compression import Compression as TorchCompression
 
@@ -152,3 +168,11 @@ def _tf_compression(compression: Any) -> Any:
     from ..tensorflow.compression import Compression as TFCompression
 
     return TFCompression.fp16 if is_fp16(compression) else TFCompression.none
+
+
+# added by helper "engine": what unison.keras.allgather needs without torch
+def allgather_numpy(value: Any, process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Every rank's array concatenated along the first dimension."""
+    a = np.asarray(value)
+    out = _ops.synchronize(_ops.allgather_async(_to_buffer(a), process_set=process_set))
+    return np.asarray(_to_numpy(out, a.dtype))

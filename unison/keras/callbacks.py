@@ -8,7 +8,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from ..torch.basics import rank, size
+from ..horovod.basics import rank, size
 from ._engine import allreduce_numpy, broadcast_numpy
 
 __all__ = [

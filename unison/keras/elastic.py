@@ -7,7 +7,7 @@ from typing import Any
 
 import keras
 
-from ..torch.elastic import ObjectState, State, run
+from ..horovod.elastic import ObjectState, State, run
 from .callbacks import broadcast_global_variables
 
 __all__ = [

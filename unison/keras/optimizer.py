@@ -6,8 +6,8 @@ from typing import Any
 
 import keras
 
-from ..torch.basics import ProcessSet, global_process_set
-from ..torch.negotiation import HvdOp
+from ..horovod.basics import ProcessSet, global_process_set
+from ..horovod.negotiation import HvdOp
 from ._engine import allreduce_grads
 
 __all__ = ["DistributedOptimizer", "load_model"]

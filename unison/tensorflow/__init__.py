@@ -17,7 +17,7 @@ from .._version import require_framework
 
 require_framework("tensorflow", "unison.tensorflow", "tensorflow")  # if missing: an install hint
 
-from ..torch.basics import (
+from ..horovod.basics import (
     ProcessSet,
     add_process_set,
     ccl_built,
@@ -45,8 +45,8 @@ from ..torch.basics import (
     start_timeline,
     stop_timeline,
 )
-from ..torch.errors import HorovodInternalError, HostsUpdatedInterrupt
-from ..torch.ops import barrier, join
+from ..horovod.errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..horovod.ops import barrier, join
 from . import elastic
 from .compression import Compression
 from .functions import allgather_object, broadcast_, broadcast_object, broadcast_variables

@@ -1,11 +1,12 @@
-"""The seam between TensorFlow and the shared engine of :mod:`unison.torch`.
+"""The seam between TensorFlow and the framework-neutral engine (:mod:`unison.horovod`).
 
-One engine serves every framework: it negotiates, fuses, caches and times
-operations on CPU ``torch`` tensors. This adapter turns a ``tf.Tensor`` into
-such a buffer (through numpy) and the engine's result back into a
-``tf.Tensor``; eagerly it runs at once, inside ``tf.function`` it runs through
-``tf.py_function`` (the engine's mismatch errors surface as TensorFlow's
-``FailedPreconditionError`` there as in Horovod).
+The engine negotiates, fuses, caches and times operations on flat buffers. This
+adapter views an eager ``tf.Tensor``'s values as such a buffer (:func:`to_buffer`:
+``Tensor.numpy()``, no further copy) and makes the engine's result buffer a
+``tf.Tensor`` again (:func:`from_buffer`: one copy into TensorFlow). Eagerly it
+runs at once, inside ``tf.function`` it runs through ``tf.py_function`` (the
+engine's mismatch errors surface as TensorFlow's ``FailedPreconditionError`` there as
+in Horovod). No torch anywhere.
 """
 
 from __future__ import annotations
@@ -15,13 +16,23 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-import torch
 
-from ..torch import ops as _ops
-from ..torch.basics import ProcessSet
-from ..torch.errors import TensorMismatchError
+from ..buffers import Buffer, DType
+from ..horovod import ops as _ops
+from ..horovod.basics import ProcessSet
+from ..horovod.errors import TensorMismatchError
 
-__all__ = ["SUPPORTED", "from_torch", "graph_name", "run", "to_torch", "wait"]
+__all__ = [
+    "SUPPORTED",
+    "check_member",
+    "from_buffer",
+    "from_torch",
+    "graph_name",
+    "run",
+    "to_buffer",
+    "to_torch",
+    "wait",
+]
 
 SUPPORTED = (
     tf.uint8,
@@ -36,18 +47,56 @@ SUPPORTED = (
     tf.bool,
 )
 
+_DTYPES = {
+    tf.uint8: DType.UINT8,
+    tf.int8: DType.INT8,
+    tf.int16: DType.INT16,
+    tf.int32: DType.INT32,
+    tf.int64: DType.INT64,
+    tf.float16: DType.FLOAT16,
+    tf.bfloat16: DType.BFLOAT16,
+    tf.float32: DType.FLOAT32,
+    tf.float64: DType.FLOAT64,
+    tf.bool: DType.BOOL,
+}
 
-def to_torch(t: Any) -> torch.Tensor:
-    """A CPU torch tensor holding the values of eager tensor ``t`` (a copy)."""
-    if t.dtype not in SUPPORTED:
+
+def to_buffer(t: Any) -> Buffer:
+    """Eager tensor ``t``'s values as an engine buffer (no copy beyond ``numpy()``; the
+    engine only reads it)."""
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
         raise ValueError(f"Tensor type {t.dtype.name} is not supported.")
-    a = np.array(t.numpy(), copy=True)
-    if t.dtype == tf.bfloat16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
+    a = np.require(t.numpy(), requirements="C")  # keeps 0-d arrays 0-d
+    flat = a.reshape(-1)
+    if dt is DType.BFLOAT16:
+        flat = flat.view(np.int16)
+    return Buffer(flat, dt, a)
 
 
-def from_torch(x: torch.Tensor, dtype: tf.DType) -> tf.Tensor:
+def from_buffer(b: Buffer, dtype: tf.DType) -> tf.Tensor:
+    """The engine's result buffer as a ``tf.Tensor`` of ``dtype`` (its shape: the
+    buffer's)."""
+    a = b.array.reshape(b.shape)
+    if b.dtype is DType.BFLOAT16:
+        a = a.view(tf.bfloat16.as_numpy_dtype)
+    return tf.convert_to_tensor(a, dtype=dtype)
+
+
+def to_torch(t: Any) -> Any:
+    """A CPU torch tensor holding the values of eager tensor ``t`` (a copy), for code
+    that wants one; needs torch (the engine itself takes :func:`to_buffer`'s buffers)."""
+    import torch
+
+    b = to_buffer(t)
+    x = torch.from_numpy(np.array(b.array, copy=True).reshape(b.shape))
+    return x.view(torch.bfloat16) if b.dtype is DType.BFLOAT16 else x
+
+
+def from_torch(x: Any, dtype: tf.DType) -> tf.Tensor:
+    """A CPU torch tensor as a ``tf.Tensor`` of ``dtype`` (needs torch)."""
+    import torch
+
     x = x.contiguous()
     if x.dtype is torch.bfloat16:
         return tf.convert_to_tensor(x.view(torch.int16).numpy().view(tf.bfloat16.as_numpy_dtype))

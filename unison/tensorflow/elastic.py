@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..torch.elastic import ObjectState, State, run
+from ..horovod.elastic import ObjectState, State, run
 
 __all__ = ["ObjectState", "State", "TensorFlowKerasState", "TensorFlowState", "run"]
 

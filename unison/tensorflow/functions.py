@@ -7,8 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..torch.basics import ProcessSet, global_process_set
-from ..torch.functions import allgather_object, broadcast_object
+from ..horovod.basics import ProcessSet, global_process_set
+from ..horovod.functions import allgather_object, broadcast_object
 from . import raw
 
 __all__ = ["allgather_object", "broadcast_", "broadcast_object", "broadcast_variables"]

@@ -7,8 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..torch.basics import ProcessSet, global_process_set
-from ..torch.negotiation import HvdOp
+from ..horovod.basics import ProcessSet, global_process_set
+from ..horovod.negotiation import HvdOp
 from .compression import Compression
 from .mpi_ops import Adasum, Average, allreduce, grouped_allreduce
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..torch.basics import ProcessSet, global_process_set, rank
-from ..torch.negotiation import HvdOp
-from ..torch.ops import handle_average_backwards_compatibility
+from ..horovod.basics import ProcessSet, global_process_set, rank
+from ..horovod.negotiation import HvdOp
+from ..horovod.ops import handle_average_backwards_compatibility
 from . import raw
 from .compression import Compression
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..torch.basics import ProcessSet, global_process_set
+from ..horovod.basics import ProcessSet, global_process_set
 from .compression import Compression
 from .mpi_ops import Average
 

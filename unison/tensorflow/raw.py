@@ -7,12 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
-import torch
 
-from ..torch import ops as _ops
-from ..torch.basics import ProcessSet
-from ..torch.negotiation import HvdOp
-from ._bridge import from_torch, graph_name, run, to_torch, wait
+from ..horovod import ops as _ops
+from ..horovod.basics import ProcessSet
+from ..horovod.negotiation import HvdOp
+from ._bridge import from_buffer, graph_name, run, to_buffer, wait
 
 __all__ = ["allgather", "allreduce", "alltoall", "broadcast", "reducescatter"]
 
@@ -35,7 +34,7 @@ def allreduce(
     nm = graph_name(kind, ts[0], name)
 
     def fn(xs: list[tf.Tensor]) -> list[tf.Tensor]:
-        ins = [to_torch(x) for x in xs]
+        ins = [to_buffer(x) for x in xs]
         if grouped:
             h = _ops.grouped_allreduce_async(
                 ins, name=nm, op=op, prescale_factor=prescale, postscale_factor=postscale,
@@ -48,7 +47,7 @@ def allreduce(
                 process_set=ps,
             )  # fmt: skip
             outs = [wait(h)]
-        return [from_torch(o, x.dtype) for o, x in zip(outs, xs, strict=True)]
+        return [from_buffer(o, x.dtype) for o, x in zip(outs, xs, strict=True)]
 
     return run(fn, ts, [t.dtype for t in ts], [t.shape for t in ts])
 
@@ -58,12 +57,12 @@ def allgather(ts: Sequence[Any], name: str | None, ps: ProcessSet, grouped: bool
     nm = graph_name("GroupedAllgather" if grouped else "Allgather", ts[0], name)
 
     def fn(xs: list[tf.Tensor]) -> list[tf.Tensor]:
-        ins = [to_torch(x) for x in xs]
+        ins = [to_buffer(x) for x in xs]
         if grouped:
             outs = wait(_ops.grouped_allgather_async(ins, name=nm, process_set=ps))
         else:
             outs = [wait(_ops.allgather_async(ins[0], name=nm, process_set=ps))]
-        return [from_torch(o, x.dtype) for o, x in zip(outs, xs, strict=True)]
+        return [from_buffer(o, x.dtype) for o, x in zip(outs, xs, strict=True)]
 
     return run(fn, ts, [t.dtype for t in ts], [_rest(t) for t in ts])
 
@@ -75,11 +74,11 @@ def broadcast(ts: Sequence[Any], root: int, name: str | None, ps: ProcessSet) ->
     def fn(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         hs = [
             _ops.broadcast_async(
-                to_torch(x), root, name=None if nm is None else f"{nm}.{i}", process_set=ps
+                to_buffer(x), root, name=None if nm is None else f"{nm}.{i}", process_set=ps
             )
             for i, x in enumerate(xs)
         ]
-        return [from_torch(wait(h), x.dtype) for h, x in zip(hs, xs, strict=True)]
+        return [from_buffer(wait(h), x.dtype) for h, x in zip(hs, xs, strict=True)]
 
     return run(fn, ts, [t.dtype for t in ts], [t.shape for t in ts])
 
@@ -91,8 +90,8 @@ def alltoall(t: Any, splits: Any, name: str | None, ps: ProcessSet) -> tuple[Any
 
     def fn(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         sp = None if len(xs) == 1 else [int(v) for v in xs[1].numpy().reshape(-1)]
-        out, recv = wait(_ops.alltoall_async(to_torch(xs[0]), sp, name=nm, process_set=ps))
-        return [from_torch(out, xs[0].dtype), from_torch(recv.to(torch.int32), tf.int32)]
+        out, recv = wait(_ops.alltoall_async(to_buffer(xs[0]), sp, name=nm, process_set=ps))
+        return [from_buffer(out, xs[0].dtype), tf.convert_to_tensor(recv, tf.int32)]
 
     out, recv = run(fn, inputs, [t.dtype, tf.int32], [_rest(t), tf.TensorShape([ps.size()])])
     return out, recv
@@ -111,7 +110,7 @@ def reducescatter(
     nm = graph_name("GroupedReducescatter" if grouped else "Reducescatter", ts[0], name)
 
     def fn(xs: list[tf.Tensor]) -> list[tf.Tensor]:
-        ins = [to_torch(x) for x in xs]
+        ins = [to_buffer(x) for x in xs]
         kw: dict[str, Any] = dict(
             name=nm, op=op, process_set=ps, prescale_factor=prescale, postscale_factor=postscale
         )
@@ -119,6 +118,6 @@ def reducescatter(
             outs = wait(_ops.grouped_reducescatter_async(ins, **kw))
         else:
             outs = [wait(_ops.reducescatter_async(ins[0], **kw))]
-        return [from_torch(o, x.dtype) for o, x in zip(outs, xs, strict=True)]
+        return [from_buffer(o, x.dtype) for o, x in zip(outs, xs, strict=True)]
 
     return run(fn, ts, [t.dtype for t in ts], [_rest(t) for t in ts])

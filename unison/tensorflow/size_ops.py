@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..torch import basics as _b
+from ..horovod import basics as _b
 
 __all__ = [
     "cross_rank_op",
@@ -20,10 +20,7 @@ __all__ = [
 
 
 def _set(process_set_id: int) -> Any:
-    for ps in _b._S.sets.values():
-        if ps.process_set_id == process_set_id:
-            return ps
-    raise ValueError(f"no process set with id {process_set_id}")
+    return _b.process_set_by_id(process_set_id)
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:

@@ -18,6 +18,7 @@ from .._version import require_framework
 
 require_framework("torch", "unison.torch", "torch")  # if missing: an install hint
 
+from ..horovod.handle import Handle
 from . import distributed as _c10d  # noqa: F401  registers the c10d backend "unison"
 from . import elastic
 from .basics import (
@@ -70,7 +71,6 @@ from .functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .handle import Handle
 from .ops import (
     Adasum,
     Average,

@@ -15,13 +15,12 @@ from typing import Any
 
 import torch
 
-from .basics import ProcessSet, engine_of, global_process_set
+from ..horovod.basics import ProcessSet, engine_of, global_process_set
+from ..horovod.handle import Handle
+from ..horovod.negotiation import HvdOp
 from .compression import Compression, Compressor
-from .handle import Handle
-from .negotiation import HvdOp
 from .ops import (
     Average,
-    _check,
     allgather_async,
     allreduce_async,
     allreduce_async_,
@@ -29,6 +28,8 @@ from .ops import (
     blocking,
     broadcast_async,
     broadcast_async_,
+    buffer_of,
+    check,
     grouped_allgather_async,
     grouped_allreduce_async,
     grouped_allreduce_async_,
@@ -66,18 +67,23 @@ def allreduce_blocking(
 ) -> torch.Tensor:
     """``synchronize(allreduce_async(...))`` (``allreduce_async_`` when ``inplace``); a named
     small all-reduce in steady state takes the engine's steady path
-    (:mod:`unison.torch.steady`): one gathered cycle on this thread, no handle."""
+    (:mod:`unison.horovod.steady`): one gathered cycle on this thread, no handle."""
     if name is not None:
         rop = handle_average_backwards_compatibility(op, average)
-        t = _check(tensor, "allreduce tensor")
+        t = check(tensor, "allreduce tensor")
         steady = engine_of(process_set).steady
         if steady is not None:
             out = t if inplace else torch.empty_like(t)
-            got = steady.allreduce(
-                t, out, str(name), int(rop), float(prescale_factor), float(postscale_factor)
-            )
-            if got is not None:
-                return synchronize(got) if isinstance(got, Handle) else got  # type: ignore[no-any-return]
+            if not out.requires_grad:
+                src = buffer_of(t)
+                dst = src if inplace else buffer_of(out)
+                got = steady.allreduce(
+                    src, dst, str(name), int(rop), float(prescale_factor), float(postscale_factor)
+                )
+                if isinstance(got, Handle):
+                    synchronize(got)  # fell back after gathering: done into ``out`` too
+                if got is not None:
+                    return out
         average, op = None, rop
     fn = allreduce_async_ if inplace else allreduce_async
     out_: torch.Tensor = blocking(

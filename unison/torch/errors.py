@@ -1,30 +1,7 @@
-"""Errors of the Horovod-compatible layer (Horovod's names, unison's tree)."""
+"""Horovod's error names for ``unison.torch``: the engine's (:mod:`unison.horovod.errors`)."""
 
 from __future__ import annotations
 
-from ..errors import CommunicationError, MismatchError
+from ..horovod.errors import HorovodInternalError, HostsUpdatedInterrupt, TensorMismatchError
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "TensorMismatchError"]
-
-
-class HorovodInternalError(CommunicationError):
-    """A collective failed inside the engine (a peer was lost, a deadline passed).
-
-    A RuntimeError, as in Horovod; :func:`unison.torch.elastic.run` catches it,
-    restores the last committed state and retries.
-    """
-
-
-class TensorMismatchError(MismatchError):
-    """Ranks submitted the same tensor name with a different op, dtype, shape or root.
-
-    Raised on every rank of the process set, never a hang.
-    """
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's signal that the set of hosts changed (never raised with fixed workers)."""
-
-    def __init__(self, skip_sync: bool = False) -> None:
-        super().__init__("hosts updated")
-        self.skip_sync = skip_sync

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
+from ..horovod.negotiation import HvdOp
 from .basics import ProcessSet, global_process_set
 from .collectives import sparse_allreduce_async
 from .compression import Compression, Compressor
-from .negotiation import HvdOp
 from .ops import Average, allreduce_async_, grouped_allreduce_async_, synchronize
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer"]

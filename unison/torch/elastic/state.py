@@ -1,16 +1,14 @@
-"""Elastic state objects: what ``commit`` saves and ``restore`` brings back."""
+"""Elastic state objects: what ``commit`` saves and ``restore`` brings back (``State``
+and ``ObjectState`` are the engine's, :mod:`unison.horovod.elastic`)."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ... import elastic as _elastic
-from ..basics import rank
-from ..errors import HostsUpdatedInterrupt
+from ...horovod.elastic import ObjectState, State
 from ..functions import (
     allgather_object,
     broadcast_object,
@@ -19,71 +17,6 @@ from ..functions import (
 )
 
 __all__ = ["ObjectState", "State", "TorchState"]
-
-
-class State:
-    """Base: ``commit()`` saves, ``restore()`` rolls back, ``sync()`` copies rank 0's."""
-
-    def __init__(self) -> None:
-        self._reset_callbacks: list[Callable[[], None]] = []
-
-    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        for cb in self._reset_callbacks:
-            cb()
-
-    def commit(self) -> None:
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self) -> None:
-        """Raise :class:`HostsUpdatedInterrupt` on every rank at once when the elastic
-        driver has published a newer world (rank 0 looks, everyone gets its answer);
-        with a fixed set of workers there is never an update."""
-        if not _elastic.enabled():
-            return
-        seen = _elastic.hosts_updated() if rank() == 0 else False
-        if broadcast_object(seen, 0, name="elastic.hosts_updated"):
-            raise HostsUpdatedInterrupt(skip_sync=False)
-
-    def save(self) -> None:
-        raise NotImplementedError
-
-    def restore(self) -> None:
-        raise NotImplementedError
-
-    def sync(self) -> None:
-        raise NotImplementedError
-
-
-class ObjectState(State):
-    """Plain picklable attributes (``state.epoch``, ``state.batch``...)."""
-
-    def __init__(self, bcast_object: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
-        super().__init__()
-        self._bcast = bcast_object or (lambda obj: broadcast_object(obj, 0, name="elastic.state"))
-        self._saved = dict(kwargs)
-        for k, v in kwargs.items():
-            setattr(self, k, v)
-
-    def _values(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._saved}
-
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self._values())
-
-    def restore(self) -> None:
-        for k, v in copy.deepcopy(self._saved).items():
-            setattr(self, k, v)
-
-    def sync(self) -> None:
-        if self._saved:
-            values = self._bcast(self._values())
-            for k, v in values.items():
-                setattr(self, k, v)
-            self.save()
 
 
 class TorchState(ObjectState):

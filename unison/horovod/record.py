@@ -3,7 +3,8 @@
 In steady state (every rank's last cycle was pure response-cache traffic) the next
 cycle's messages are not sent point to point: every rank packs its message into
 one record of :data:`RECORD_BYTES` and one ``all_gather`` on the set's data group
-(the native engine's slot lane where it has one) hands every rank every record.
+(run on the caller's thread where the group's engine offers that) hands every rank
+every record.
 Decoded, the records are the very messages the point-to-point path delivers, so the
 decision code is the same. A message that does not fit (new requests, the stall
 inspector's shutdowns, many inline bytes) is sent point to point as before and its
@@ -27,7 +28,7 @@ from ..errors import UnisonError
 from .cache import ResponseCache
 from .errors import HorovodInternalError
 
-__all__ = ["BYE", "P2P", "RECORD_BYTES", "STEADY", "LaneCycles", "decode", "encode", "marker"]
+__all__ = ["BYE", "P2P", "RECORD_BYTES", "STEADY", "GatheredCycles", "decode", "encode", "marker"]
 
 RECORD_BYTES = 1024
 PRESENT, P2P, BYE, STEADY = 1, 2, 4, 8
@@ -93,19 +94,19 @@ def _empty(k: int) -> tuple[Any, ...]:
     return ("C", k, b"", [], {}, {}, False)
 
 
-class LaneCycles:
+class GatheredCycles:
     """One process set's gathered cycles: this rank's record and everyone's.
 
-    ``ok``: the set's data group has the native engine's slot lane (a set of one never
-    gathers). ``enabled`` (tests, benchmarks): False keeps every cycle point to point;
-    ranks need not agree, a rank that says "not steady" keeps its peers off it too."""
+    ``ok``: the set's data group runs small blocking collectives on the caller's thread
+    (a set of one never gathers). ``enabled`` (tests, benchmarks): False keeps every
+    cycle point to point; ranks need not agree, a rank that says "not steady" keeps its
+    peers off it too."""
 
     def __init__(self, group: Group, size: int, me: int) -> None:
         self.group = group
         self.size = size
         self.me = me
-        self._lane = getattr(group, "lane", None)
-        self.ok = size > 1 and self._lane is not None
+        self.ok = size > 1 and group.caller_thread_collectives
         self.enabled = True
         self.rec = np.zeros(RECORD_BYTES, np.uint8)
         self.view = self.rec.data  # this rank's record, for struct.pack_into
@@ -131,10 +132,8 @@ class LaneCycles:
 
     def gather(self, k: int, ranks: list[int]) -> None:
         """The collective of cycle ``k``: every rank's record into :attr:`everyone`."""
-        try:  # the slot lane first, as all_gather_into_tensor tries it (a few calls less)
-            lane = self._lane
-            if lane is None or not lane.all_gather(self.everyone, self.rec):
-                all_gather_into_tensor(self.everyone, self.rec, group=self.group)
+        try:
+            all_gather_into_tensor(self.everyone, self.rec, group=self.group)
         except UnisonError as exc:
             lost = tuple(getattr(exc, "ranks", ()) or ())
             who = f"ranks {list(lost)}" if lost else "the peers"

@@ -284,12 +284,9 @@ class NegotiationChannel:
 def _block(work: Work, timeout: float) -> bool:
     """Wait up to ``timeout`` for ``work`` to finish. A receive whose transport makes
     progress on its own (shared memory's doorbell thread) is waited on without driving
-    the transport: a thread that runs a cycle meanwhile drives it alone."""
-    req = work.request
-    wait_event = getattr(req, "wait_event", None)
-    if wait_event is not None and not work.is_completed():
-        wait_event(timeout)
-    return work._wait_done(0 if wait_event is not None else timeout) or work.is_completed()
+    the transport (:meth:`Work.wait_quiet`): a thread that runs a cycle meanwhile drives
+    it alone."""
+    return work.wait_quiet(timeout)
 
 
 def _culprit(exc: BaseException, peers: list[int]) -> int:

@@ -39,6 +39,12 @@ class Attendance:
             self.joined.clear()
         self.seen.pop(name, None)
 
+    def all_sent(self, bits: bytes, name: str, size: int) -> None:
+        """A cycle in which every rank sent the same ``bits`` (naming ``name``) and all of
+        it was decided."""
+        self.last_bits = [bits] * size
+        self.seen.pop(name, None)
+
     def missing(self, name: str, cache: ResponseCache, size: int) -> list[int] | None:
         """Set ranks that have not submitted ``name`` (None: unknown here)."""
         have = set(self.seen.get(name, ())) | self.joined
