@@ -130,10 +130,8 @@ def run(pg: UnisonProcessGroup, timeout: Any = None, wait_all_ranks: bool = Fals
             comm.isend(rel, r, tag).wait(secs)
         except CommunicationError as exc:
             raise dist.DistBackendError(
-                f"[Rank 0]: Rank {grank} failed to pass monitoredBarrier in {ms} ms
-"
-                f" Original exception: 
-{_original(exc)}"
+                f"[Rank 0]: Rank {grank} failed to pass monitoredBarrier in {ms} ms\n"
+                f" Original exception: \n{_original(exc)}"
             ) from None
 
 
