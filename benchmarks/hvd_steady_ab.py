@@ -1,5 +1,5 @@
 """Interleaved A/B in one job (issue 11, round 5): blocks of 4-byte ``hvd.allreduce`` on the
-steady path ("steady", unison/torch/steady.py: one gathered cycle on the caller's thread,
+steady path ("steady", unison/horovod/steady.py: one gathered cycle on the caller's thread,
 no handle), on the round-4 general gathered cycle ("cycle", the same job with the steady
 path switched off) and Gloo ``dist.all_reduce`` ("gloo"), alternated block by block.
 

@@ -6,7 +6,7 @@ of the medians against DDP over Gloo. ``MODEL=conv`` is the default convnet (bat
 ``MODEL=comm`` (the default here) the communication-bound MLP of ``--comm-bound`` (16 x
 512 units, batch 1, 19 MB of gradients). Optional Horovod variants, interleaved with the
 rest: ``ALONE=<bytes>`` adds "hvd-alone" (tensors of at least that many bytes are reduced
-in place, never fused: unison.torch.fusion.ALONE_BYTES), ``CYCLE=<ms>`` adds "hvd-cycle"
+in place, never fused: unison.horovod.fusion.ALONE_BYTES), ``CYCLE=<ms>`` adds "hvd-cycle"
 (Horovod's cycle time: the engine waits that long to gather more tensors per cycle).
 
     unison run -np 2 python benchmarks/hvd_train_ab.py [iters]     # 20
@@ -78,7 +78,7 @@ def main() -> None:
 
     fns = {"hvd": hstep}
     if os.environ.get("ALONE"):  # tensors of at least ALONE bytes never fused
-        from unison.torch import fusion
+        from unison.horovod import fusion
 
         alone0, alone1 = fusion.ALONE_BYTES, int(os.environ["ALONE"])
 

@@ -17,7 +17,8 @@ import time
 import torch
 
 import unison.torch as hvd
-from unison.torch import channel, exchange
+from unison.horovod import channel
+from unison.horovod import engine as exchange
 
 if os.environ.get("OLD") == "1":  # the previous constants
     channel._CHECK_S = 1.0
