@@ -35,7 +35,7 @@ from ..torch.negotiation import HvdOp
 from . import callbacks, elastic
 from ._engine import allreduce_numpy, broadcast_numpy
 from .callbacks import broadcast_global_variables
-from .optimizer import DistributedOptimizer, load_model
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model
 
 Average = HvdOp.AVERAGE
 Sum = HvdOp.SUM
@@ -109,6 +109,7 @@ __all__ = [
     "Average",
     "Compression",
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "Max",
     "Min",
     "ProcessSet",
