@@ -168,8 +168,9 @@ def _allgather_diff(xs: list[Any], name: str | None, ps: ProcessSet, grouped: bo
         ys = raw.allgather(list(args), name, ps, grouped)
 
         def grad(*dys: Any) -> Any:
-            # Horovod: average the gradient over ranks, keep this rank's rows
-            gs = raw.allreduce(list(dys), Average, 1.0, 1.0, None, ps, grouped)
+            # Horovod: average the gradient over ranks, keep this rank's rows (one op per
+            # gradient: TensorFlow may hand float32 zeros for an unused float64 output)
+            gs = [raw.allreduce([dy], Average, 1.0, 1.0, None, ps, False)[0] for dy in dys]
             counts = [tf.shape(x, out_type=tf.int64)[:1] for x in args]
             rows = raw.allgather(counts, None, ps, grouped)
             return _one_or_list([_slice_mine(g, r, ps) for g, r in zip(gs, rows, strict=True)])
@@ -272,7 +273,7 @@ def _reducescatter_diff(
         def grad(*dys: Any) -> Any:
             # every rank's input rows of block i fed rank i's output: gather the blocks back,
             # scaled as Horovod's: by the set's size for Sum, by the pre/postscale factors
-            gs = raw.allgather(list(dys), None, ps, grouped)
+            gs = [raw.allgather([dy], None, ps, False)[0] for dy in dys]
             scale = pre * post * (ps.size() if op == Sum else 1)
             return _one_or_list([g * tf.cast(scale, g.dtype) if _float(g) else g for g in gs])
 
