@@ -13,6 +13,15 @@ from ._engine import allreduce_grads
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "load_model"]
 
 
+class _Variables:
+    """Variables the wrapper refers to, held outside Keras' tracking of the optimizer's
+    attributes (which would save them as the optimizer's own)."""
+
+    def __init__(self) -> None:
+        self.local: dict[int, Any] = {}
+        self.applying: list[Any] | None = None
+
+
 class _Distributed:
     """Mixed in before the wrapped optimizer's class: the gradients that reach the update
     (after Keras' own accumulation over ``backward_passes_per_step``) are reduced over the
@@ -23,15 +32,15 @@ class _Distributed:
     def register_local_var(self, var: Any) -> None:
         """``var``'s gradient stays this worker's own: it is not reduced (and, with
         ``scale_local_gradients``, it is divided by the set's size, as Horovod does)."""
-        self._unison["local"][id(var)] = var
+        self._unison["vars"].local[id(var)] = var
 
     def _backend_apply_gradients(self, grads: Any, trainable_variables: Any) -> Any:
         # the variables the gradients belong to, for _clip_gradients (same order)
-        self._unison["applying"] = list(trainable_variables)
+        self._unison["vars"].applying = list(trainable_variables)
         try:
             return super()._backend_apply_gradients(grads, trainable_variables)  # type: ignore[misc]
         finally:
-            self._unison["applying"] = None
+            self._unison["vars"].applying = None
 
     def _clip_gradients(self, grads: Any) -> Any:
         u = self._unison
@@ -40,8 +49,8 @@ class _Distributed:
         if steps > 1 and not u["average_aggregated_gradients"]:
             # Keras averages the accumulated gradients; Horovod's default sums them
             grads = [g if g is None else g * steps for g in grads]
-        variables = u.get("applying")
-        local = u["local"]
+        variables = u["vars"].applying
+        local = u["vars"].local
         if local and variables is not None and len(variables) == len(grads):
             mine = {i for i, v in enumerate(variables) if id(v) in local}
         else:
@@ -92,7 +101,7 @@ def _install(
         compression=compression, sparse_as_dense=sparse_as_dense, op=rop, prescale=pre,
         postscale=post, backward_passes_per_step=int(backward_passes_per_step),
         average_aggregated_gradients=bool(average_aggregated_gradients), process_set=process_set,
-        scale_local_gradients=bool(scale_local_gradients), local={}, applying=None,
+        scale_local_gradients=bool(scale_local_gradients), vars=_Variables(),
     )  # fmt: skip
     return opt
 

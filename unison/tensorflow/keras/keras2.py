@@ -28,6 +28,14 @@ __all__ = [
 _keras = tf.keras
 
 
+class _Variables:
+    """Variables the wrapper refers to, held outside the tracking of the optimizer's
+    attributes (which would checkpoint them as the optimizer's own)."""
+
+    def __init__(self) -> None:
+        self.local: dict[int, Any] = {}
+
+
 class _Distributed:
     """Mixed in before a Keras 2 optimizer's class: the gradients are reduced over the
     process set where Keras 2 aggregates them across replicas (``aggregate_gradients`` of
@@ -41,18 +49,18 @@ class _Distributed:
         """How this optimizer reduces: ``reduce`` (a list of gradients), over which set."""
         self._unison = dict(
             reduce=reduce, process_set=process_set,
-            scale_local_gradients=scale_local_gradients, local={},
+            scale_local_gradients=scale_local_gradients, vars=_Variables(),
         )  # fmt: skip
 
     def register_local_var(self, var: Any) -> None:
         """``var``'s gradient stays this worker's own: it is not reduced (and, with
         ``scale_local_gradients``, it is divided by the set's size, as Horovod does)."""
-        self._unison["local"][id(var)] = var
+        self._unison["vars"].local[id(var)] = var
 
     def _unison_reduce(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
         u = self._unison
         pairs = list(grads_and_vars)
-        local = u["local"]
+        local = u["vars"].local
         shared = [i for i, (_, v) in enumerate(pairs) if id(v) not in local]
         reduced = u["reduce"]([pairs[i][0] for i in shared])
         grads = [g for g, _ in pairs]
