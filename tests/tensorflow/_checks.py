@@ -138,15 +138,18 @@ def check_gradients(hvd: Any) -> None:
         w = np.arange(total, dtype=np.float64)[:, None]
         g = grad(lambda t: hvd.allgather(t) * w * c, np.ones((r + 1, 1)))
         off = r * (r + 1) // 2
-        assert np.allclose(g, tri * w[off : off + r + 1]), (mode, "allgather grad", g)
+        # Horovod's: the output's gradient averaged over ranks, this rank's rows of it
+        assert np.allclose(g, tri / n * w[off : off + r + 1]), (mode, "allgather grad", g)
+        # Horovod's: the average over ranks on the root, zeros elsewhere
         g = grad(lambda t: hvd.broadcast(t, 0) * c, x)
-        assert np.allclose(g, tri if r == 0 else 0.0), (mode, "broadcast grad", g)
-        g = grad(lambda t: hvd.alltoall(t)[0] * c, np.ones((n, 1)))
+        assert np.allclose(g, tri / n if r == 0 else 0.0), (mode, "broadcast grad", g)
+        g = grad(lambda t: hvd.alltoall(t) * c, np.ones((n, 1)))
         assert np.allclose(g[:, 0], np.arange(1, n + 1)), (mode, "alltoall grad", g)
+        # Horovod's: the gathered gradient, times the set's size for Sum
         g = grad(lambda t: hvd.reducescatter(t, op=hvd.Sum) * c, np.ones((n, 1)))
-        assert np.allclose(g[:, 0], np.arange(1, n + 1)), (mode, "reducescatter grad", g)
+        assert np.allclose(g[:, 0], np.arange(1, n + 1) * n), (mode, "reducescatter grad", g)
         g = grad(lambda t: hvd.reducescatter(t) * c, np.ones((n, 1)))
-        assert np.allclose(g[:, 0], np.arange(1, n + 1) / n), (mode, "reducescatter avg grad", g)
+        assert np.allclose(g[:, 0], np.arange(1, n + 1)), (mode, "reducescatter avg grad", g)
 
 
 def check_errors(hvd: Any) -> None:

@@ -38,7 +38,7 @@ from ..horovod.negotiation import HvdOp
 from . import callbacks, elastic
 from ._engine import allgather_numpy, allreduce_numpy, broadcast_numpy
 from .callbacks import broadcast_global_variables
-from .optimizer import DistributedOptimizer, load_model
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model
 
 Average = HvdOp.AVERAGE
 Sum = HvdOp.SUM
@@ -108,6 +108,7 @@ __all__ = [
     "Average",
     "Compression",
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "Max",
     "Min",
     "ProcessSet",

@@ -20,30 +20,54 @@ __all__ = [
 ]
 
 
-def broadcast_global_variables(model: Any, root_rank: int) -> None:
-    """Give every rank ``root_rank``'s model (and optimizer) variables."""
-    variables = list(model.variables)
+def _numpy(v: Any) -> Any:
+    """A variable's value: Keras 3's ``v.value`` (a tensor) or a ``tf.Variable``'s
+    (Keras 2, where ``value`` is a method)."""
+    value = v.value
+    return keras.ops.convert_to_numpy(value() if callable(value) else value)
+
+
+def broadcast_global_variables(model: Any, root_rank: int, exclude: Any = ()) -> None:
+    """Give every rank ``root_rank``'s model (and optimizer) variables, but those in
+    ``exclude`` (each rank keeps its own)."""
+    skip = {id(v) for v in exclude}
+    variables = [v for v in model.variables if id(v) not in skip]
     opt = getattr(model, "optimizer", None)
     if opt is not None:
-        variables += list(opt.variables)
-    values = broadcast_numpy([keras.ops.convert_to_numpy(v.value) for v in variables], root_rank)
+        opt_vars = opt.variables() if callable(opt.variables) else opt.variables
+        variables += list(opt_vars)
+    values = broadcast_numpy([_numpy(v) for v in variables], root_rank)
     for v, a in zip(variables, values, strict=True):
         v.assign(a)
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):  # type: ignore[misc]
     """Broadcast the model's and the optimizer's variables from ``root_rank`` at the end
-    of the first batch (when the optimizer's variables exist), as Horovod does."""
+    of the first batch (when the optimizer's variables exist), as Horovod does; the
+    ``local_variables`` (and those given to ``register_local_var``) are left alone."""
 
-    def __init__(self, root_rank: int, device: str = "") -> None:
+    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = int(root_rank)
         self.broadcast_done = False
+        self._local_vars: dict[int, Any] = {}
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """``var`` is this worker's own: it is not broadcast."""
+        if not hasattr(var, "assign"):
+            raise ValueError("All local variables must be of tf.Variable type.")
+        self._local_vars[id(var)] = var
 
     def on_batch_end(self, batch: int, logs: Any = None) -> None:
         if self.broadcast_done:
             return
-        broadcast_global_variables(self.model, self.root_rank)
+        broadcast_global_variables(self.model, self.root_rank, self._local_vars.values())
         self.broadcast_done = True
 
 

@@ -10,7 +10,16 @@ from ..horovod.basics import ProcessSet, global_process_set
 from ..horovod.negotiation import HvdOp
 from ._engine import allreduce_grads
 
-__all__ = ["DistributedOptimizer", "load_model"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "load_model"]
+
+
+class _Variables:
+    """Variables the wrapper refers to, held outside Keras' tracking of the optimizer's
+    attributes (which would save them as the optimizer's own)."""
+
+    def __init__(self) -> None:
+        self.local: dict[int, Any] = {}
+        self.applying: list[Any] | None = None
 
 
 class _Distributed:
@@ -20,6 +29,19 @@ class _Distributed:
 
     _unison: dict[str, Any]
 
+    def register_local_var(self, var: Any) -> None:
+        """``var``'s gradient stays this worker's own: it is not reduced (and, with
+        ``scale_local_gradients``, it is divided by the set's size, as Horovod does)."""
+        self._unison["vars"].local[id(var)] = var
+
+    def _backend_apply_gradients(self, grads: Any, trainable_variables: Any) -> Any:
+        # the variables the gradients belong to, for _clip_gradients (same order)
+        self._unison["vars"].applying = list(trainable_variables)
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)  # type: ignore[misc]
+        finally:
+            self._unison["vars"].applying = None
+
     def _clip_gradients(self, grads: Any) -> Any:
         u = self._unison
         grads = list(grads)
@@ -27,10 +49,24 @@ class _Distributed:
         if steps > 1 and not u["average_aggregated_gradients"]:
             # Keras averages the accumulated gradients; Horovod's default sums them
             grads = [g if g is None else g * steps for g in grads]
-        grads = allreduce_grads(
-            grads, u["op"], u["prescale"], u["postscale"], u["compression"],
-            u["sparse_as_dense"], u["process_set"],
+        variables = u["vars"].applying
+        local = u["vars"].local
+        if local and variables is not None and len(variables) == len(grads):
+            mine = {i for i, v in enumerate(variables) if id(v) in local}
+        else:
+            mine = set()
+        shared = [i for i in range(len(grads)) if i not in mine]
+        reduced = allreduce_grads(
+            [grads[i] for i in shared], u["op"], u["prescale"], u["postscale"],
+            u["compression"], u["sparse_as_dense"], u["process_set"],
         )  # fmt: skip
+        for i, g in zip(shared, reduced, strict=True):
+            grads[i] = g
+        if mine and u["scale_local_gradients"]:
+            n = float(u["process_set"].size())
+            for i in mine:
+                if grads[i] is not None:
+                    grads[i] = grads[i] / n
         return super()._clip_gradients(grads)  # type: ignore[misc]
 
 
@@ -51,6 +87,7 @@ def _install(
     backward_passes_per_step: int,
     average_aggregated_gradients: bool,
     process_set: ProcessSet,
+    scale_local_gradients: bool = True,
 ) -> Any:
     rop = HvdOp(int(op))
     if gradient_predivide_factor != 1.0:
@@ -64,6 +101,7 @@ def _install(
         compression=compression, sparse_as_dense=sparse_as_dense, op=rop, prescale=pre,
         postscale=post, backward_passes_per_step=int(backward_passes_per_step),
         average_aggregated_gradients=bool(average_aggregated_gradients), process_set=process_set,
+        scale_local_gradients=bool(scale_local_gradients), vars=_Variables(),
     )  # fmt: skip
     return opt
 
@@ -108,7 +146,47 @@ def DistributedOptimizer(
     return _install(
         new, compression, sparse_as_dense, gradient_predivide_factor, op,
         backward_passes_per_step, average_aggregated_gradients, process_set,
+        scale_local_gradients,
     )  # fmt: skip
+
+
+def PartialDistributedOptimizer(
+    optimizer: Any,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = None,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = HvdOp.AVERAGE,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """A :func:`DistributedOptimizer` that leaves the gradients of ``local_layers``'
+    trainable weights unreduced: each worker applies its own."""
+    if local_layers is None:
+        layers: list[Any] = []
+    elif isinstance(local_layers, (list, tuple)):
+        layers = list(local_layers)
+    else:
+        layers = [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    opt = DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )  # fmt: skip
+    for layer in layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
 
 
 def load_model(

@@ -17,6 +17,8 @@ from .._version import require_framework
 
 require_framework("tensorflow", "unison.tensorflow", "tensorflow")  # if missing: an install hint
 
+from typing import Any
+
 from ..horovod.basics import (
     ProcessSet,
     add_process_set,
@@ -47,10 +49,17 @@ from ..horovod.basics import (
 )
 from ..horovod.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ..horovod.ops import barrier, join
-from . import elastic
+from . import elastic, util
 from .compression import Compression
-from .functions import allgather_object, broadcast_, broadcast_object, broadcast_variables
-from .gradient_tape import DistributedGradientTape
+from .functions import (
+    allgather_object,
+    broadcast_,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_object_fn,
+    broadcast_variables,
+)
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (
     Adasum,
     Average,
@@ -68,6 +77,7 @@ from .mpi_ops import (
     reducescatter,
 )
 from .optimizer import DistributedOptimizer
+from .runner import ensure_inter_op_threads
 from .size_ops import (
     cross_rank_op,
     cross_size_op,
@@ -77,6 +87,20 @@ from .size_ops import (
     rank_op,
     size_op,
 )
+from .util import executing_eagerly as _executing_eagerly  # noqa: F401 - Horovod scripts use it
+from .util import refs_to_vars, vars_to_refs
+
+ensure_inter_op_threads()
+
+
+def __getattr__(name: str) -> Any:
+    # the Keras layer imports Keras: only when a script asks for it
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization
+
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "size_op",
@@ -91,6 +115,8 @@ __all__ = [
     "Compression",
     "DistributedGradientTape",
     "DistributedOptimizer",
+    "PartialDistributedGradientTape",
+    "SyncBatchNormalization",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "Max",
@@ -106,7 +132,9 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_",
+    "broadcast_global_variables",
     "broadcast_object",
+    "broadcast_object_fn",
     "broadcast_variables",
     "ccl_built",
     "cross_rank",
@@ -138,4 +166,7 @@ __all__ = [
     "size",
     "start_timeline",
     "stop_timeline",
+    "refs_to_vars",
+    "util",
+    "vars_to_refs",
 ]

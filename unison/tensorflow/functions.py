@@ -11,7 +11,14 @@ from ..horovod.basics import ProcessSet, global_process_set
 from ..horovod.functions import allgather_object, broadcast_object
 from . import raw
 
-__all__ = ["allgather_object", "broadcast_", "broadcast_object", "broadcast_variables"]
+__all__ = [
+    "allgather_object",
+    "broadcast_",
+    "broadcast_global_variables",
+    "broadcast_object",
+    "broadcast_object_fn",
+    "broadcast_variables",
+]
 
 
 def broadcast_variables(
@@ -41,3 +48,29 @@ def broadcast_(
     """In-place broadcast of ``variables`` (Horovod's ``broadcast_``)."""
     broadcast_variables(variables, root_rank, process_set)
     return list(variables)
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """The op that gives every rank ``root_rank``'s global variables (a ``tf.compat.v1``
+    graph only; eagerly, broadcast the model's variables with ``broadcast_variables``)."""
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "hvd.broadcast_global_variables() does not support eager execution. "
+            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead."
+        )
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def broadcast_object_fn(
+    root_rank: int = 0,
+    session: Any = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """A function ``f(obj)`` that returns ``root_rank``'s ``obj`` on every rank."""
+    base = name or "broadcast_object_fn"
+
+    def bcast(obj: Any) -> Any:
+        return broadcast_object(obj, root_rank, name=base, process_set=process_set)
+
+    return bcast

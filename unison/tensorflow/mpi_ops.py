@@ -87,6 +87,10 @@ def allreduce(
     allgathered (values and indices), as Horovod does."""
     rop = handle_average_backwards_compatibility(op, average)
     if isinstance(tensor, tf.IndexedSlices):
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError(
+                "Pre/postscale_factor are not supported with tf.IndexedSlices"
+            )
         if rop == Adasum:
             raise NotImplementedError(
                 "The Adasum reduction does not currently support sparse tensors"
@@ -131,8 +135,9 @@ def grouped_allreduce(
     if any(isinstance(t, tf.IndexedSlices) for t in tensors):
         return [
             allreduce(t, op=rop, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                      compression=compression, process_set=process_set)
-            for t in tensors
+                      compression=compression, process_set=process_set,
+                      name=None if name is None else f"{name}.{k}")
+            for k, t in enumerate(tensors)
         ]  # fmt: skip
     pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
     # one request per dtype: the engine fuses tensors of one dtype
@@ -163,8 +168,9 @@ def _allgather_diff(xs: list[Any], name: str | None, ps: ProcessSet, grouped: bo
         ys = raw.allgather(list(args), name, ps, grouped)
 
         def grad(*dys: Any) -> Any:
-            # Horovod: sum the gradient over ranks, keep this rank's rows
-            gs = raw.allreduce(list(dys), Sum, 1.0, 1.0, None, ps, grouped)
+            # Horovod: average the gradient over ranks, keep this rank's rows (one op per
+            # gradient: TensorFlow may hand float32 zeros for an unused float64 output)
+            gs = [raw.allreduce([dy], Average, 1.0, 1.0, None, ps, False)[0] for dy in dys]
             counts = [tf.shape(x, out_type=tf.int64)[:1] for x in args]
             rows = raw.allgather(counts, None, ps, grouped)
             return _one_or_list([_slice_mine(g, r, ps) for g, r in zip(gs, rows, strict=True)])
@@ -212,7 +218,8 @@ def broadcast(
         y = raw.broadcast([x], root, name, process_set)[0]
 
         def grad(dy: Any) -> Any:
-            g = raw.allreduce([dy], Sum, 1.0, 1.0, None, process_set, False)[0]
+            # Horovod: the average of the gradients on the root, zeros elsewhere
+            g = raw.allreduce([dy], Average, 1.0, 1.0, None, process_set, False)[0]
             return g if rank() == root else g * 0
 
         return y, grad
@@ -226,8 +233,10 @@ def alltoall(
     name: str | None = None,
     ignore_name_scope: bool = False,
     process_set: ProcessSet = global_process_set,
-) -> tuple[Any, Any]:
-    """Send rows ``splits[j]`` of ``tensor`` to rank j; returns (output, received splits)."""
+) -> Any:
+    """Send rows ``splits[j]`` of ``tensor`` to rank j (equal blocks without ``splits``).
+    Returns the received rows; with ``splits``, (received rows, received splits), as
+    Horovod does."""
     t = tf.convert_to_tensor(tensor)
     if splits is not None:
         splits = tf.convert_to_tensor(splits, dtype=tf.int32)
@@ -242,7 +251,7 @@ def alltoall(
         return (out, recv), grad
 
     out, recv = f(t)
-    return out, recv
+    return out if splits is None else (out, recv)
 
 
 def _reducescatter_diff(
@@ -262,9 +271,10 @@ def _reducescatter_diff(
         ys = raw.reducescatter(list(args), op, pre, post, name, ps, grouped)
 
         def grad(*dys: Any) -> Any:
-            # every rank's input rows of block i fed rank i's output: gather the blocks back
-            gs = raw.allgather(list(dys), None, ps, grouped)
-            scale = pre * post / (ps.size() if op == Average else 1)
+            # every rank's input rows of block i fed rank i's output: gather the blocks back,
+            # scaled as Horovod's: by the set's size for Sum, by the pre/postscale factors
+            gs = [raw.allgather([dy], None, ps, False)[0] for dy in dys]
+            scale = pre * post * (ps.size() if op == Sum else 1)
             return _one_or_list([g * tf.cast(scale, g.dtype) if _float(g) else g for g in gs])
 
         return _one_or_list(ys), grad

@@ -9,6 +9,7 @@ import tensorflow as tf
 from ..horovod import basics as _b
 
 __all__ = [
+    "registered",
     "cross_rank_op",
     "cross_size_op",
     "local_rank_op",
@@ -19,12 +20,17 @@ __all__ = [
 ]
 
 
+def registered(process_set_id: Any) -> Any:
+    """The registered process set of id ``process_set_id`` (``ValueError`` if none is)."""
+    return _b.process_set_by_id(process_set_id)
+
+
 def _set(process_set_id: int) -> Any:
     return _b.process_set_by_id(process_set_id)
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    return tf.constant(_set(process_set_id).size(), tf.int32, name=name)
+    return tf.constant(registered(process_set_id).size(), tf.int32, name=name)
 
 
 def rank_op(name: str | None = None) -> tf.Tensor:
@@ -48,4 +54,4 @@ def cross_rank_op(name: str | None = None) -> tf.Tensor:
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    return tf.constant(int(_set(process_set_id).included()), tf.int32, name=name)
+    return tf.constant(int(registered(process_set_id).included()), tf.int32, name=name)

@@ -105,11 +105,18 @@ def broadcast_optimizer_state(
     """Make every rank's optimizer state (and hyper-parameters) equal to ``root_rank``'s.
 
     Works for every ``torch.optim`` optimizer, LBFGS included: the root's
-    ``state_dict()`` travels whole and is loaded everywhere else.
+    ``state_dict()`` travels whole and is loaded everywhere else. As in Horovod, an
+    optimizer with no state yet leaves every parameter that requires a gradient with
+    one: a parameter without a gradient gets a zero gradient.
     """
     inner = getattr(optimizer, "_unison_inner", optimizer)
     if not isinstance(inner, torch.optim.Optimizer):
         raise ValueError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not inner.state:
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     state = broadcast_object(
         inner.state_dict(), root_rank, name="optimizer.state_dict", process_set=process_set
     )

@@ -1,10 +1,13 @@
 """ElasticSampler: a DistributedSampler that remembers how far the epoch has got.
 
-Horovod's semantics: ``record_batch(batch_idx, batch_size)`` counts
-``batch_size * num_replicas`` more samples as processed (``processed_num``);
-``state_dict()`` is ``{"epoch", "processed_num"}``; after ``load_state_dict`` or a
-reset the sampler shards only the samples after the first ``processed_num`` of the
-epoch's order (Python's ``random.Random(seed + epoch)`` shuffle, as Horovod);
+Horovod's semantics: ``record_batch(batch_idx, batch_size)`` counts ``batch_size``
+more samples processed by this worker (``processed_num``); ``TorchState.sync`` makes
+``processed_num`` the samples every worker has processed (rank 0's count times the
+number of workers). ``state_dict()`` is ``{"epoch", "processed_num",
+"processed_all"}`` (the last: the samples of every worker); after ``load_state_dict``
+or a reset the sampler shards only the samples after the first ``processed_all`` of
+the epoch's order (Python's ``random.Random(seed + epoch)`` shuffle, as Horovod; a
+Horovod checkpoint without ``processed_all`` skips its ``processed_num``);
 ``set_epoch`` starts the next epoch from zero. Horovod's earlier API is kept too:
 ``record_indices(indices)`` marks given indices processed (they are skipped after a
 reset, and ``TorchState.sync`` takes the union over the ranks) and
@@ -34,6 +37,8 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         self.seed = seed
         self.epoch = 0
         self.processed_num = 0
+        # the samples of every worker processed this epoch: where a reset starts from
+        self.processed_all = 0
         self.processed_indices: set[int] = set()
         self.num_replicas = 0
         self.rank = 0
@@ -47,12 +52,14 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         """Start ``epoch`` (call it at the end of an epoch): nothing is processed yet."""
         self.epoch = epoch
         self.processed_num = 0
+        self.processed_all = 0
         self.processed_indices = set()
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """One more batch of ``batch_size`` was processed on every rank."""
-        self.processed_num += batch_size * self.num_replicas
+        """This worker processed one more batch of ``batch_size`` (as did every worker)."""
+        self.processed_num += batch_size
+        self.processed_all += batch_size * self.num_replicas
 
     def record_indices(self, indices: Iterable[int]) -> None:
         """These dataset indices were processed (skipped after the next reset)."""
@@ -64,7 +71,11 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         return self.indices[start : min(start + batch_size, len(self.indices))]
 
     def state_dict(self) -> dict[str, Any]:
-        sd: dict[str, Any] = {"epoch": self.epoch, "processed_num": self.processed_num}
+        sd: dict[str, Any] = {
+            "epoch": self.epoch,
+            "processed_num": self.processed_num,
+            "processed_all": self.processed_all,
+        }
         if self.processed_indices:
             sd["processed_indices"] = sorted(self.processed_indices)
         return sd
@@ -72,8 +83,16 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.epoch = state_dict["epoch"]
         self.processed_num = state_dict.get("processed_num", 0)
+        self.processed_all = state_dict.get("processed_all", self.processed_num)
         self.processed_indices = set(state_dict.get("processed_indices", ()))
         self.reset()
+
+    def load_job_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the state every worker agreed on (rank 0's, at a sync): from here on
+        ``processed_num`` counts from the samples of every worker, as Horovod's does."""
+        sd = dict(state_dict)
+        sd["processed_num"] = sd.get("processed_all", sd.get("processed_num", 0))
+        self.load_state_dict(sd)
 
     def reset(self) -> None:
         """Re-read the job's size and rank and shard what is left of the epoch."""
@@ -82,7 +101,7 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         order = list(range(len(self.dataset)))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)
-        rest = order[self.processed_num :]
+        rest = order[self.processed_all :]
         if self.processed_indices:
             rest = [i for i in rest if i not in self.processed_indices]
         self.remaining_indices = rest

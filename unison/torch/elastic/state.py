@@ -69,5 +69,5 @@ class TorchState(ObjectState):
                 s.state_dict().get("processed_indices", []), name=f"elastic.sampler.{k}.done"
             )
             sd["processed_indices"] = sorted({i for part in done for i in part})
-            s.load_state_dict(sd)
+            s.load_job_state_dict(sd)
         super().sync()

@@ -1,0 +1,243 @@
+"""Horovod's ``horovod.tensorflow.keras`` on Keras 2 (``tf_keras``, what ``tf.keras``
+is under ``TF_USE_LEGACY_KERAS=1``): the optimizer wrapper and the callbacks for its
+optimizers (``tf.keras.optimizers.*`` and ``tf.keras.optimizers.legacy.*``) and its
+``Model.fit``. The collectives, the topology and the rest are :mod:`unison.keras`'s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from ...horovod.basics import ProcessSet, global_process_set
+from ...horovod.negotiation import HvdOp
+from ...keras import callbacks as _k3_callbacks
+from ..compression import Compression
+from ..gradient_tape import make_allreduce_grads_fn
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "DistributedOptimizer",
+    "LearningRateScheduleCallback",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+    "PartialDistributedOptimizer",
+    "load_model",
+]
+
+_keras = tf.keras
+
+
+class _Variables:
+    """Variables the wrapper refers to, held outside the tracking of the optimizer's
+    attributes (which would checkpoint them as the optimizer's own)."""
+
+    def __init__(self) -> None:
+        self.local: dict[int, Any] = {}
+
+
+class _Distributed:
+    """Mixed in before a Keras 2 optimizer's class: the gradients are reduced over the
+    process set where Keras 2 aggregates them across replicas (``aggregate_gradients`` of
+    the optimizers of Keras 2.11+, ``_aggregate_gradients`` of the legacy ones)."""
+
+    _unison: dict[str, Any]
+
+    def unison_configure(
+        self, reduce: Any, process_set: ProcessSet, scale_local_gradients: bool
+    ) -> None:
+        """How this optimizer reduces: ``reduce`` (a list of gradients), over which set."""
+        self._unison = dict(
+            reduce=reduce, process_set=process_set,
+            scale_local_gradients=scale_local_gradients, vars=_Variables(),
+        )  # fmt: skip
+
+    def register_local_var(self, var: Any) -> None:
+        """``var``'s gradient stays this worker's own: it is not reduced (and, with
+        ``scale_local_gradients``, it is divided by the set's size, as Horovod does)."""
+        self._unison["vars"].local[id(var)] = var
+
+    def _unison_reduce(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
+        u = self._unison
+        pairs = list(grads_and_vars)
+        local = u["vars"].local
+        shared = [i for i, (_, v) in enumerate(pairs) if id(v) not in local]
+        reduced = u["reduce"]([pairs[i][0] for i in shared])
+        grads = [g for g, _ in pairs]
+        for i, g in zip(shared, reduced, strict=True):
+            grads[i] = g
+        if u["scale_local_gradients"] and len(shared) < len(pairs):
+            n = float(u["process_set"].size())
+            for i, (g, v) in enumerate(pairs):
+                if g is None or id(v) not in local:
+                    continue
+                if isinstance(g, tf.IndexedSlices):
+                    grads[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                else:
+                    grads[i] = g / n
+        return list(zip(grads, [v for _, v in pairs], strict=True))
+
+    def aggregate_gradients(self, grads_and_vars: Any) -> Any:
+        return super().aggregate_gradients(self._unison_reduce(grads_and_vars))  # type: ignore[misc]
+
+    def _aggregate_gradients(self, grads_and_vars: Any) -> Any:
+        return super()._aggregate_gradients(self._unison_reduce(grads_and_vars))  # type: ignore[misc]
+
+
+def _is_keras2_optimizer(opt: Any) -> bool:
+    legacy = getattr(_keras.optimizers, "legacy", None)
+    kinds = [_keras.optimizers.Optimizer]
+    if legacy is not None:
+        kinds.append(legacy.Optimizer)
+    return isinstance(opt, tuple(kinds))
+
+
+def _install(
+    opt: Any,
+    compression: Any,
+    sparse_as_dense: bool,
+    op: Any,
+    gradient_predivide_factor: float,
+    num_groups: int,
+    groups: Any,
+    process_set: ProcessSet,
+    scale_local_gradients: bool,
+) -> Any:
+    reduce = make_allreduce_grads_fn(
+        compression or Compression.none, sparse_as_dense, op, gradient_predivide_factor,
+        num_groups, groups, process_set,
+    )  # fmt: skip
+    cls = type(opt)
+    if not issubclass(cls, _Distributed):
+        new = type(cls.__name__, (_Distributed, cls), {})
+        new.__module__ = cls.__module__  # saves (and loads) as the plain optimizer
+        opt.__class__ = new
+    opt.unison_configure(reduce, process_set, scale_local_gradients)
+    return opt
+
+
+def DistributedOptimizer(
+    optimizer: Any,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = HvdOp.AVERAGE,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """A copy of the Keras 2 ``optimizer`` that averages (``op``) the gradients over the
+    process set before applying them."""
+    if not _is_keras2_optimizer(optimizer):
+        raise ValueError(
+            "unison.tensorflow.keras.DistributedOptimizer wraps a tf.keras optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
+    if backward_passes_per_step != 1:
+        raise NotImplementedError(
+            "backward_passes_per_step > 1 is not supported on Keras 2 (tf_keras) yet"
+        )
+    base = type(optimizer)
+    if issubclass(base, _Distributed):
+        base = base.__mro__[2]
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    new = base.from_config(config)
+    return _install(
+        new, compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
+        process_set, scale_local_gradients,
+    )  # fmt: skip
+
+
+def PartialDistributedOptimizer(
+    optimizer: Any,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = HvdOp.AVERAGE,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """A :func:`DistributedOptimizer` that leaves the gradients of ``local_layers``'
+    trainable weights unreduced: each worker applies its own."""
+    if local_layers is None:
+        layers: list[Any] = []
+    elif isinstance(local_layers, (list, tuple)):
+        layers = list(local_layers)
+    else:
+        layers = [local_layers]
+    if not all(isinstance(layer, _keras.layers.Layer) for layer in layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    opt = DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )  # fmt: skip
+    for layer in layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
+
+
+def load_model(
+    filepath: Any,
+    custom_optimizers: Any = None,
+    custom_objects: Any = None,
+    compression: Any = Compression.none,
+) -> Any:
+    """``tf.keras.models.load_model`` whose compiled optimizer comes back distributed
+    (with its state)."""
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or ():
+        objects[cls.__name__] = cls
+    model = _keras.models.load_model(filepath, custom_objects=objects or None)
+    opt = getattr(model, "optimizer", None)
+    if opt is not None and _is_keras2_optimizer(opt):
+        _install(opt, compression, False, HvdOp.AVERAGE, 1.0, 0, None, global_process_set, True)
+    return model
+
+
+# The callbacks: unison.keras' logic on Keras 2's Callback (Model.fit of tf_keras calls
+# Keras 2's hooks, which Keras 3's Callback base does not all have).
+class BroadcastGlobalVariablesCallback(
+    _k3_callbacks.BroadcastGlobalVariablesCallback,
+    _keras.callbacks.Callback,  # type: ignore[misc,name-defined]
+):
+    __doc__ = _k3_callbacks.BroadcastGlobalVariablesCallback.__doc__
+
+
+class MetricAverageCallback(
+    _k3_callbacks.MetricAverageCallback,
+    _keras.callbacks.Callback,  # type: ignore[misc,name-defined]
+):
+    __doc__ = _k3_callbacks.MetricAverageCallback.__doc__
+
+
+class LearningRateScheduleCallback(
+    _k3_callbacks.LearningRateScheduleCallback,
+    _keras.callbacks.Callback,  # type: ignore[misc,name-defined]
+):
+    __doc__ = _k3_callbacks.LearningRateScheduleCallback.__doc__
+
+
+class LearningRateWarmupCallback(
+    _k3_callbacks.LearningRateWarmupCallback,
+    _keras.callbacks.Callback,  # type: ignore[misc,name-defined]
+):
+    __doc__ = _k3_callbacks.LearningRateWarmupCallback.__doc__
