@@ -8,6 +8,8 @@ DEMO_STAMP := $(VENV)/.demo-installed
 STAMP := $(VENV)/.installed
 # the torch release the suite runs on (pyproject.toml's extras accept a range)
 TORCH_VERSION ?= 2.13.0
+# the TensorFlow series the suite runs on (tf_keras must match it)
+TF_SERIES ?= 2.21
 # where torch comes from besides the package index, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # for the CPU-only build (the index's Linux torch brings CUDA libraries)
 TORCH_INDEX ?=
@@ -28,7 +30,8 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 
 $(STAMP): $(DEMO_STAMP)
 	@echo "make: installing TensorFlow, Keras, JAX, Ray, Open MPI and the test tools into $(VENV)"
-	$(PIP) 'tensorflow-cpu>=2.16,<3'
+	$(PIP) 'tensorflow-cpu==$(TF_SERIES).*'
+	$(PIP) --no-deps 'tf_keras==$(TF_SERIES).*'  # Keras 2 for tf.keras users (needs TF's own series)
 	$(PIP) -e '.[dev,examples,keras,jax,ray,mpi]'
 	touch $@
 

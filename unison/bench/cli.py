@@ -31,6 +31,7 @@ from typing import Any
 
 from .._version import __version__, install_hint
 from ..errors import InvalidArgumentError
+from ..jobenv import usable_cores
 from .report import legend, plot, row_header, row_line, summary_line, table, write_json
 from .spec import DTYPES, OPS, BenchSpec, parse_size, parse_sizes
 
@@ -261,10 +262,7 @@ def busy(load1: float, cores: int) -> str | None:
 
 
 def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def _sizes(args: argparse.Namespace) -> list[int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import unison as _un
 
 from ..errors import InvalidArgumentError, NotInitializedError
+from ..jobenv import usable_cores
 from .engine import HorovodEngine
 from .settings import Settings, load_settings
 from .timeline import Timeline
@@ -133,10 +133,7 @@ def settings() -> Settings:
 
 
 def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def _control_group(members: list[int]) -> _un.Group:

@@ -3,11 +3,11 @@ and a share of the host's cores as every framework's thread count (torchrun's ha
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 
 from .. import config as C
+from ..jobenv import usable_cores
 from .hosts import Slot
 from .output import _isatty
 
@@ -19,23 +19,16 @@ __all__ = [
     "usable_cores",
 ]
 
-#: the thread counts frameworks read from the environment at start: OpenMP (torch's
-#: intra-op pool, numpy's BLAS), MKL, OpenBLAS, and TensorFlow's two pools
+#: the compute-thread counts frameworks read from the environment at start: OpenMP
+#: (torch's intra-op pool, numpy's BLAS), MKL, OpenBLAS and TensorFlow's intra-op pool.
+#: TensorFlow's inter-op pool is left alone: it schedules ops rather than computing, and
+#: unison.tensorflow needs it wide (each graph-mode collective waits on one of its threads)
 THREAD_VARIABLES = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS",
     "TF_NUM_INTRAOP_THREADS",
-    "TF_NUM_INTEROP_THREADS",
 )
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def thread_environment(base: Mapping[str, str], local_size: int, cores: int) -> dict[str, str]:
@@ -56,7 +49,7 @@ def thread_notice(base: Mapping[str, str], local_size: int, cores: int) -> str |
     return (
         f"{local_size} ranks share this host's {cores} cores: each runs "
         f"OMP_NUM_THREADS={threads['OMP_NUM_THREADS']} (and MKL_, OPENBLAS_, "
-        "TF_NUM_INTRA/INTEROP_THREADS); set one of them (-x OMP_NUM_THREADS=N) to choose"
+        "TF_NUM_INTRAOP_THREADS); set one of them (-x OMP_NUM_THREADS=N) to choose"
     )
 
 
