@@ -38,6 +38,9 @@ from .log import get_logger
 
 __all__ = [
     "usable_cores",
+    "from_openmpi",
+    "from_pmi",
+    "from_slurm",
     "FAILURE_KEY",
     "JobInfo",
     "detect_job",
@@ -336,7 +339,7 @@ def _mpi_job(env: Mapping[str, str], *names: str) -> str | None:
     return None
 
 
-def _from_openmpi(env: Mapping[str, str]) -> JobInfo | None:
+def from_openmpi(env: Mapping[str, str]) -> JobInfo | None:
     if "OMPI_COMM_WORLD_RANK" not in env:
         return None
     rank = _need(env, "OMPI_COMM_WORLD_RANK")
@@ -359,7 +362,7 @@ def _from_openmpi(env: Mapping[str, str]) -> JobInfo | None:
     )
 
 
-def _from_pmi(env: Mapping[str, str]) -> JobInfo | None:
+def from_pmi(env: Mapping[str, str]) -> JobInfo | None:
     if "PMI_RANK" not in env:
         return None
     rank, size = _need(env, "PMI_RANK"), _need(env, "PMI_SIZE", minimum=1)
@@ -395,7 +398,7 @@ def _slurm_store(env: Mapping[str, str]) -> tuple[tuple[str, int], str]:
     return (hosts[0], slurm_store_port(job, step)), f"slurm-{job}.{step}"
 
 
-def _from_slurm(env: Mapping[str, str]) -> JobInfo | None:
+def from_slurm(env: Mapping[str, str]) -> JobInfo | None:
     if "SLURM_PROCID" not in env:
         return None
     rank = _need(env, "SLURM_PROCID")
@@ -439,7 +442,7 @@ def detect_job(
     """This process's :class:`JobInfo`, from explicit arguments or ``env`` (os.environ)."""
     env = os.environ if env is None else env
     info: JobInfo | None = None
-    for convention in (_from_unison, _from_torchrun, _from_openmpi, _from_pmi, _from_slurm):
+    for convention in (_from_unison, _from_torchrun, from_openmpi, from_pmi, from_slurm):
         info = convention(env)
         if info is not None:
             break

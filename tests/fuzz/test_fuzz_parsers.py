@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unison.errors import AuthenticationError
-from unison.store import _proto as P
+from unison.store import protocol as P
 from unison.transport import framing as F
 from unison.transport.handshake import accept_handshake, connect_handshake, job_digest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unison.store import _proto as p
+from unison.store import protocol as p
 from unison.store._kv import KVState, Parked
 
 pytestmark = pytest.mark.timeout(10)

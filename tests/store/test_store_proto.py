@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unison.store import _proto as p
+from unison.store import protocol as p
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ import pytest
 
 from unison.errors import AuthenticationError, StoreError, StoreTimeoutError
 from unison.store import TCPStore, TCPStoreServer
-from unison.store import _proto as p
+from unison.store import protocol as p
 
 pytestmark = pytest.mark.timeout(30)
 

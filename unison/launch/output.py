@@ -53,7 +53,7 @@ class OutputForwarder:
         self._open: dict[int, _Stream] = {}
         self._last_err: dict[int, str] = {}
         self._broken: set[int] = set()
-        self._tty = {id(out): _isatty(out), id(err): _isatty(err)}
+        self._tty = {id(out): isatty(out), id(err): isatty(err)}
 
     def add(self, rank: int, stdout_fd: int, stderr_fd: int) -> None:
         if self._files_dir is not None:  # mpirun's layout: DIR/1/rank.N/stdout, stderr
@@ -158,7 +158,7 @@ class OutputForwarder:
             self._broken.add(id(sink))
 
 
-def _isatty(stream: object) -> bool:
+def isatty(stream: object) -> bool:
     try:
         return bool(stream.isatty())  # type: ignore[attr-defined]
     except (AttributeError, ValueError, OSError):

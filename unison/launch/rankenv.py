@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from .. import config as C
 from ..jobenv import usable_cores
 from .hosts import Slot
-from .output import _isatty
+from .output import isatty
 
 __all__ = [
     "THREAD_VARIABLES",
@@ -107,7 +107,7 @@ def rank_environment(
     if network_interface:
         env["UNISON_NETWORK_INTERFACE"] = network_interface
     env["PYTHONUNBUFFERED"] = "1"
-    env[C.ENV_OUTPUT_TTY] = "1" if _isatty(sys.stderr) else "0"
+    env[C.ENV_OUTPUT_TTY] = "1" if isatty(sys.stderr) else "0"
     if cores is not None:
         env.update(thread_environment(base, slot.local_size, cores))
     if timeout is not None:

@@ -79,7 +79,7 @@ class ServerConnection:
         with self._send_lock:
             with self._cv:
                 if self._broken is not None:
-                    call._finish(error=self._broken)
+                    call.finish(error=self._broken)
                     return call
                 self._next += 1
                 req_id = self._next
@@ -108,7 +108,7 @@ class ServerConnection:
             pending = list(self._pending.values())
             self._pending.clear()
         for call, _ in pending:
-            call._finish(error=self._broken)
+            call.finish(error=self._broken)
 
     def _translate(self, exc: CommunicationError) -> CommunicationError:
         if isinstance(exc, CollectiveTimeoutError):
@@ -163,7 +163,7 @@ class ServerConnection:
             error = decode_error(meta, call.name, self.server)
         elif count != len(sinks) and error is None:
             error = CommunicationError(f"{call.name}: expected {len(sinks)} arrays, got {count}")
-        call._finish(meta, error)
+        call.finish(meta, error)
 
     def close(self) -> None:
         with self._cv:

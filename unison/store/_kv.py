@@ -13,7 +13,7 @@ import heapq
 import itertools
 import threading
 
-from . import _proto as p
+from . import protocol as p
 
 __all__ = ["KVState", "Parked", "Reply"]
 
@@ -63,7 +63,7 @@ class KVState:
 
     # -- requests ---------------------------------------------------------------------
     def request(self, owner: object, op: p.StoreOp, f: list[bytes], now: float) -> Reply | Parked:
-        """Answer or park one request; raises :class:`~._proto.ProtocolError` if malformed."""
+        """Answer or park one request; raises :class:`~.protocol.ProtocolError` if malformed."""
         if op is p.StoreOp.PING:
             return _OK, []
         if op is p.StoreOp.SET:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from ..errors import AuthenticationError, InvalidArgumentError, StoreError, StoreTimeoutError
-from . import _proto as p
+from . import protocol as p
 from .base import Store, missing_keys_error
 
 __all__ = ["TCPStore"]

@@ -11,7 +11,7 @@ Defences, in the order a hostile peer meets them:
   :data:`FIRST_FRAME_MAX` bytes (a client's first request is a bodiless ping) and at
   most that much is read from it: an unauthenticated peer holds a few KiB of the
   server's memory, whatever it announces or sends; afterwards a header announcing
-  more than :data:`~._proto.MAX_FRAME` bytes closes the connection before anything
+  more than :data:`~.protocol.MAX_FRAME` bytes closes the connection before anything
   is allocated;
 * a frame whose MAC fails (wrong secret, replay, another connection's frame) closes
   the connection at once.
@@ -35,7 +35,7 @@ import time
 
 from ..errors import InvalidArgumentError
 from ..log import get_logger
-from . import _proto as p
+from . import protocol as p
 from ._kv import KVState, Parked
 
 __all__ = ["FIRST_FRAME_MAX", "TCPStoreServer"]

@@ -20,14 +20,14 @@ __all__ = ["recv_anysource"]
 
 
 def recv_anysource(pg: UnisonProcessGroup, tensors: list[torch.Tensor], tag: int) -> UnisonWork:
-    from ._pg import _Stage
+    from ._pg import HostStage
 
-    st = _Stage()
+    st = HostStage()
     b = st(tensors[0])
-    part = pg._start(pg._comm.irecv, b, None, tag)
+    part = pg.start_op(pg.comm.irecv, b, None, tag)
     assert part is not None
 
     def source() -> int:
-        return pg._ranks.index(part.source if part.source is not None else -1)
+        return pg.global_ranks.index(part.source if part.source is not None else -1)
 
-    return pg._work("recv", [part], list(tensors), st, source)
+    return pg.work_for("recv", [part], list(tensors), st, source)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from ...errors import InvalidArgumentError
-from ...jobenv import JobInfo, _from_openmpi, _from_pmi, _from_slurm, expand_nodelist
+from ...jobenv import JobInfo, expand_nodelist, from_openmpi, from_pmi, from_slurm
 
 __all__ = ["PORT_BASE", "PORT_SPAN", "install", "launcher_env"]
 
@@ -65,7 +65,7 @@ def launcher_env(env: MutableMapping[str, str]) -> dict[str, str]:
     if ("RANK" in env and "WORLD_SIZE" in env) or "UNISON_RANK" in env:
         return {}
     info: JobInfo | None = None
-    for convention in (_from_openmpi, _from_pmi, _from_slurm):
+    for convention in (from_openmpi, from_pmi, from_slurm):
         try:
             info = convention(env)
         except InvalidArgumentError:  # malformed launcher variables: torch names what is missing

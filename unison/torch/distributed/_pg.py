@@ -67,7 +67,7 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-class _Stage:
+class HostStage:
     """Tensors as unison can use them, and the copies back afterwards."""
 
     def __init__(self) -> None:
@@ -172,12 +172,12 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def _label(self, name: str) -> str:
         return f"{name} on rank {self._comm.global_rank}"
 
-    def _work(
+    def work_for(
         self,
         name: str,
         parts: Sequence[UWork | None],
         result: list[torch.Tensor],
-        stage: _Stage,
+        stage: HostStage,
         source: Callable[[], int] | None = None,
     ) -> UnisonWork:
         return UnisonWork(
@@ -188,7 +188,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             source,
         )
 
-    def _start(self, fn: Callable[..., UWork | None], *args: Any) -> UWork | None:
+    def start_op(self, fn: Callable[..., UWork | None], *args: Any) -> UWork | None:
         try:
             return fn(*args)
         except Exception as exc:
@@ -212,10 +212,10 @@ class UnisonProcessGroup(dist.ProcessGroup):
             if part is None:
                 return done_work("broadcast", tensors)
             return UnisonWork(self._label("broadcast"), [part], tensors)
-        st, root = _Stage(), self._global(root_rank, "broadcast")
+        st, root = HostStage(), self._global(root_rank, "broadcast")
         bufs = [st(t) for t in tensors]
-        parts = [self._start(_c.broadcast, self._comm, b, root, _async(opts)) for b in bufs]
-        return self._work("broadcast", parts, tensors, st)
+        parts = [self.start_op(_c.broadcast, self._comm, b, root, _async(opts)) for b in bufs]
+        return self.work_for("broadcast", parts, tensors, st)
 
     @recorded("all_reduce")
     def allreduce(
@@ -252,19 +252,19 @@ class UnisonProcessGroup(dist.ProcessGroup):
                 return UnisonWork(self._label("all_reduce"), [part], tensors)
         if any(is_sparse(t) for t in tensors):
             for t in tensors:
-                self._start(all_reduce_sparse, self._comm, t, op)
+                self.start_op(all_reduce_sparse, self._comm, t, op)
             return done_work("all_reduce", tensors)
-        st = _Stage()
+        st = HostStage()
         bufs = [st(t) for t in tensors]
-        parts = [self._start(_c.all_reduce, self._comm, b, op, _async(opts)) for b in bufs]
-        return self._work("all_reduce", parts, tensors, st)
+        parts = [self.start_op(_c.all_reduce, self._comm, b, op, _async(opts)) for b in bufs]
+        return self.work_for("all_reduce", parts, tensors, st)
 
     @recorded("all_reduce")
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> UnisonWork:
         op = _op(opts.reduceOp)
-        st = _Stage()
+        st = HostStage()
         if not tensors:
-            return self._work("all_reduce_coalesced", [], tensors, st)
+            return self.work_for("all_reduce_coalesced", [], tensors, st)
         flat = torch.cat([t.detach().reshape(-1).to("cpu") for t in tensors])
         flat = st(flat, write=False)
 
@@ -276,8 +276,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
                 off += n
 
         st.back.append(back)
-        part = self._start(_c.all_reduce, self._comm, flat, op, _async(opts))
-        return self._work("all_reduce_coalesced", [part], tensors, st)
+        part = self.start_op(_c.all_reduce, self._comm, flat, op, _async(opts))
+        return self.work_for("all_reduce_coalesced", [part], tensors, st)
 
     @recorded("reduce")
     def reduce(
@@ -287,24 +287,24 @@ class UnisonProcessGroup(dist.ProcessGroup):
             rop, root_rank = opts.reduceOp, opts.rootRank
         except AttributeError:  # torch's (tensor, root, op=SUM) form
             rop, root_rank, tensors, opts = op, int(opts), _listed(tensors), None
-        op, st = _op(rop), _Stage()
+        op, st = _op(rop), HostStage()
         root = self._global(root_rank, "reduce")
         bufs = [st(t) for t in tensors]
-        parts = [self._start(_c.reduce, self._comm, b, root, op, _async(opts)) for b in bufs]
-        return self._work("reduce", parts, tensors, st)
+        parts = [self.start_op(_c.reduce, self._comm, b, root, op, _async(opts)) for b in bufs]
+        return self.work_for("reduce", parts, tensors, st)
 
     @recorded("all_gather", 1)
     def allgather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any
     ) -> UnisonWork:
-        st = _Stage()
+        st = HostStage()
         parts = []
         for outs, inp in zip(output_tensors, input_tensors, strict=True):
             o = [st(t) for t in outs]
             i = st(inp, write=False)
-            parts.append(self._start(_c.all_gather, self._comm, o, i, _async(opts)))
+            parts.append(self.start_op(_c.all_gather, self._comm, o, i, _async(opts)))
         flat = [t for outs in output_tensors for t in outs]
-        return self._work("all_gather", parts, flat, st)
+        return self.work_for("all_gather", parts, flat, st)
 
     @recorded("all_gather", 1)
     def allgather_coalesced(
@@ -318,88 +318,92 @@ class UnisonProcessGroup(dist.ProcessGroup):
                 f"all_gather_coalesced: output_tensor_lists must hold {len(self._ranks)} lists "
                 f"(one per rank) of {len(input_list)} tensors (one per input)"
             )
-        st = _Stage()
+        st = HostStage()
         parts = []
         for k, inp in enumerate(input_list):
             o = [st(outs[k]) for outs in output_lists]
             i = st(inp, write=False)
-            parts.append(self._start(_c.all_gather, self._comm, o, i, _async(opts)))
-        return self._work("all_gather_coalesced", parts, [t for o in output_lists for t in o], st)
+            parts.append(self.start_op(_c.all_gather, self._comm, o, i, _async(opts)))
+        return self.work_for(
+            "all_gather_coalesced", parts, [t for o in output_lists for t in o], st
+        )
 
     @recorded("all_gather_into_tensor", 1)
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> UnisonWork:
-        st = _Stage()
+        st = HostStage()
         o, i = st(output), st(input, write=False)
-        part = self._start(_c.all_gather_into_tensor, self._comm, o, i, _async(opts))
-        return self._work("all_gather_into_tensor", [part], [output], st)
+        part = self.start_op(_c.all_gather_into_tensor, self._comm, o, i, _async(opts))
+        return self.work_for("all_gather_into_tensor", [part], [output], st)
 
     @recorded("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> UnisonWork:
-        st = _Stage()
+        st = HostStage()
         parts = []
         for out, inp in zip(outputs, inputs, strict=True):
             o, i = st(out), st(inp, write=False)
-            parts.append(self._start(_c.all_gather_into_tensor, self._comm, o, i, _async(opts)))
-        return self._work("all_gather_into_tensor_coalesced", parts, list(outputs), st)
+            parts.append(self.start_op(_c.all_gather_into_tensor, self._comm, o, i, _async(opts)))
+        return self.work_for("all_gather_into_tensor_coalesced", parts, list(outputs), st)
 
     @recorded("gather", 1)
     def gather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any
     ) -> UnisonWork:
-        st = _Stage()
+        st = HostStage()
         root = self._global(opts.rootRank, "gather")
         i = st(input_tensors[0], write=False)
         outs = [st(t) for t in output_tensors[0]] if output_tensors else None
-        part = self._start(_c.gather, self._comm, i, outs, root, _async(opts))
+        part = self.start_op(_c.gather, self._comm, i, outs, root, _async(opts))
         flat = list(output_tensors[0]) if output_tensors else []
-        return self._work("gather", [part], flat, st)
+        return self.work_for("gather", [part], flat, st)
 
     @recorded("scatter", 1)
     def scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any
     ) -> UnisonWork:
-        st = _Stage()
+        st = HostStage()
         root = self._global(opts.rootRank, "scatter")
         o = st(output_tensors[0])
         ins = [st(t, write=False) for t in input_tensors[0]] if input_tensors else None
-        part = self._start(_c.scatter, self._comm, o, ins, root, _async(opts))
-        return self._work("scatter", [part], list(output_tensors), st)
+        part = self.start_op(_c.scatter, self._comm, o, ins, root, _async(opts))
+        return self.work_for("scatter", [part], list(output_tensors), st)
 
     @recorded("reduce_scatter", 1)
     def reduce_scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any
     ) -> UnisonWork:
-        op, st = _op(opts.reduceOp), _Stage()
+        op, st = _op(opts.reduceOp), HostStage()
         parts = []
         for out, ins in zip(output_tensors, input_tensors, strict=True):
             o = st(out)
             i = [st(t, write=False) for t in ins]
-            parts.append(self._start(_c.reduce_scatter, self._comm, o, i, op, _async(opts)))
-        return self._work("reduce_scatter", parts, list(output_tensors), st)
+            parts.append(self.start_op(_c.reduce_scatter, self._comm, o, i, op, _async(opts)))
+        return self.work_for("reduce_scatter", parts, list(output_tensors), st)
 
     @recorded("reduce_scatter_tensor", 1)
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> UnisonWork:
-        op, st = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp), _Stage()
+        op, st = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp), HostStage()
         o, i = st(output), st(input, write=False)
-        part = self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts))
-        return self._work("reduce_scatter_tensor", [part], [output], st)
+        part = self.start_op(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts))
+        return self.work_for("reduce_scatter_tensor", [part], [output], st)
 
     @recorded("reduce_scatter_tensor_coalesced", 1)
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> UnisonWork:
-        op, st = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp), _Stage()
+        op, st = _op(dist.ReduceOp.SUM if opts is None else opts.reduceOp), HostStage()
         parts = []
         for out, inp in zip(outputs, inputs, strict=True):
             o, i = st(out), st(inp, write=False)
-            parts.append(self._start(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts)))
-        return self._work("reduce_scatter_tensor_coalesced", parts, list(outputs), st)
+            parts.append(
+                self.start_op(_c.reduce_scatter_tensor, self._comm, o, i, op, _async(opts))
+            )
+        return self.work_for("reduce_scatter_tensor_coalesced", parts, list(outputs), st)
 
     @recorded("all_to_all", 1)
     def alltoall_base(
@@ -410,34 +414,34 @@ class UnisonProcessGroup(dist.ProcessGroup):
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> UnisonWork:
-        st = _Stage()
+        st = HostStage()
         o, i = st(output), st(input, write=False)
         osz = list(output_split_sizes) or None
         isz = list(input_split_sizes) or None
-        part = self._start(_c.all_to_all_single, self._comm, o, i, osz, isz, _async(opts))
-        return self._work("all_to_all_single", [part], [output], st)
+        part = self.start_op(_c.all_to_all_single, self._comm, o, i, osz, isz, _async(opts))
+        return self.work_for("all_to_all_single", [part], [output], st)
 
     @recorded("all_to_all", 1)
     def alltoall(
         self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any
     ) -> UnisonWork:
-        st = _Stage()
+        st = HostStage()
         o = [st(t) for t in output_tensors]
         i = [st(t, write=False) for t in input_tensors]
-        part = self._start(_c.all_to_all, self._comm, o, i, _async(opts))
-        return self._work("all_to_all", [part], list(output_tensors), st)
+        part = self.start_op(_c.all_to_all, self._comm, o, i, _async(opts))
+        return self.work_for("all_to_all", [part], list(output_tensors), st)
 
     @recorded("barrier", None)
     def barrier(self, opts: Any = None) -> UnisonWork | DoneWork:
         own = self._timeout.total_seconds()
         if _async(opts) or not 0 < own < self._comm.config.timeout:
-            part = self._start(_c.barrier, self._comm, _async(opts))
+            part = self.start_op(_c.barrier, self._comm, _async(opts))
             if part is None:
                 return done_work("barrier", [])
             return UnisonWork(self._label("barrier"), [part], [])
         # a group made with a timeout shorter than the job's (new_group(timeout=...)):
         # a blocking barrier raises once the group's own timeout has passed
-        part = self._start(_c.barrier, self._comm, True)
+        part = self.start_op(_c.barrier, self._comm, True)
         assert part is not None
         try:
             part.wait(own)
@@ -466,20 +470,22 @@ class UnisonProcessGroup(dist.ProcessGroup):
     # --- point to point -----------------------------------------------------------------
     @recorded("send")
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> UnisonWork:
-        st = _Stage()
+        st = HostStage()
         b = st(tensors[0], write=False)
         peer = self._global(dstRank, "send")
 
-        return self._work("send", [self._start(self._comm.isend, b, peer, tag)], list(tensors), st)
+        return self.work_for(
+            "send", [self.start_op(self._comm.isend, b, peer, tag)], list(tensors), st
+        )
 
     @recorded("recv")
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> UnisonWork:
-        st = _Stage()
+        st = HostStage()
         b = st(tensors[0])
         peer = self._global(srcRank, "recv")
 
-        part = self._start(self._comm.irecv, b, peer, tag)
-        return self._work("recv", [part], list(tensors), st, lambda: int(srcRank))
+        part = self.start_op(self._comm.irecv, b, peer, tag)
+        return self.work_for("recv", [part], list(tensors), st, lambda: int(srcRank))
 
     @recorded("recvAnySource")
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> UnisonWork:
