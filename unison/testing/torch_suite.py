@@ -364,6 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"expected differences: {expected or 'none'}",
             flush=True,
         )
+        if gp == 0:  # nothing ran: a comparison of nothing proves nothing
+            bad = True
+            print(
+                f"torch_suite np={ws}: no test passed on Gloo, so the suite did not run here "
+                f"(see {keep}/gloo-np{ws}.log)",
+                flush=True,
+            )
         for t in gaps:
             bad = True
             print(
