@@ -448,11 +448,7 @@ CASES: list[Case] = [
     ),
     Case("unison.torch-kill", lambda: _job_case("hvd:kill", "any")),
     Case("unison.torch-exit", lambda: _job_case("hvd:exit", "any")),
-    Case(
-        "c10d-ddp-kill",
-        lambda: _job_case("ddp:kill", "any", deadline=9.0),
-        known="issue 28 item 6: the Dist* errors cannot be pickled under DDP",
-    ),
+    Case("c10d-ddp-kill", lambda: _job_case("ddp:kill", "any", deadline=9.0)),
     Case("store-strangers-memory", _store_strangers, quick=True),
     Case("store-hostile-clients", _store_junk, quick=True),
 ]
