@@ -238,3 +238,15 @@ def test_missing_secret_is_info_on_loopback_and_a_fix_when_exposed(
     ]
     assert len(said) == 1 and said[0][0] == "WARNING", said
     assert "export UNISON_SECRET=<the same hex on every host> before torchrun" in said[0][1]
+
+
+def test_elastic_workers_share_the_host_cores_too() -> None:
+    share = str(max(1, usable_cores() // 2))
+    r = _run("-np", "2", "--min-np", "2", "--max-np", "2", "-H", "localhost:2",
+             sys.executable, "-c", SHOW_ENV)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    envs = _envs(r.stdout)
+    assert len(envs) == 2, r.stdout
+    for env in envs:
+        assert {k: env.get(k) for k in THREAD_VARIABLES} == dict.fromkeys(THREAD_VARIABLES, share)
+    assert sum("ranks share this host's" in ln for ln in r.stderr.splitlines()) == 1, r.stderr

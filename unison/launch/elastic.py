@@ -35,10 +35,11 @@ from typing import BinaryIO
 
 from ..elastic import Blacklist, HostDiscovery, Member, Round, assign, cancel, plan, publish
 from ..errors import LaunchError
+from ..jobenv import usable_cores
 from ..store import TCPStore, TCPStoreServer
 from .hosts import DEFAULT_RSH, Slot, forwarded_environment, is_local, remote_argv
 from .output import OutputForwarder
-from .rankenv import rank_environment
+from .rankenv import rank_environment, thread_environment, thread_notice
 from .supervise import RankProcess, describe_exit, start_rank, take_pipes
 
 __all__ = ["DISCOVERY_INTERVAL", "ElasticDriver"]
@@ -108,6 +109,9 @@ class ElasticDriver:
         self.workers: list[_Worker] = []
         self.hosts: dict[str, int] = {}
         self.host_order: list[str] = []
+        #: workers per host in the newest world (a local worker's share of the cores)
+        self.per_host: dict[str, int] = {}
+        self.told_threads = False
         self.round = -1
         self.resets = 0
         self.waiting_since: float | None = None
@@ -275,6 +279,7 @@ class ElasticDriver:
         for w in live:  # output lines carry the worker's rank in the newest world
             self.output.relabel(w.seq, ranks[w.member.id].rank)
         per = {h: sum(a.host == h for a in ranks.values()) for h in self.host_order}
+        self.per_host = per
         layout = ", ".join(f"{h}:{n}" for h, n in per.items() if n)
         what = "elastic job" if self.round == 0 else f"elastic reset {self.resets}"
         self._say(f"{what}: {reason}; world {self.round}: {len(ranks)} ranks ({layout})")
@@ -296,6 +301,13 @@ class ElasticDriver:
             slot=Slot(m.rank, m.host, 0, 1, 0, 1),
             network_interface=self.network_interface,
         )
+        if is_local(m.host):  # torchrun's habit: the host's cores shared among its workers
+            n, cores = self.per_host.get(m.host, 1), usable_cores()
+            env.update(thread_environment(self.env, n, cores))
+            notice = thread_notice(self.env, n, cores)
+            if notice and not self.told_threads:
+                self.told_threads = True
+                self._say(notice)
         env["UNISON_ELASTIC_TIMEOUT"] = repr(float(self.elastic_timeout))
         if not servers:  # parameter-server jobs form no elastic rounds (unison.ps.join)
             env["UNISON_ELASTIC_ID"] = m.id
