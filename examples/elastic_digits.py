@@ -48,7 +48,7 @@ def main() -> int:
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    run_module = importlib.import_module("unison.torch.elastic.run")  # last_failure_at
+    run_module = importlib.import_module("unison.horovod.elastic")  # last_failure_at
 
     train, test = load_data(args.seed)
     sampler = hvd.elastic.ElasticSampler(train, shuffle=True, seed=args.seed)
