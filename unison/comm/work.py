@@ -120,10 +120,6 @@ class Work:
         """Whether the operation has ended (without driving it, unlike :meth:`is_completed`)."""
         return self._state.done()
 
-    # the names unison.torch's and unison.ps's subclasses and callers still use
-    _finish = finish
-    _done = finished
-
     def _wait_done(self, timeout: float | None) -> bool:
         """The one wait loop: True once finished, False if ``timeout`` passed first."""
         if self._state.done():

@@ -27,12 +27,8 @@ class Handle(Work):
         self.keep = keep  # tensors that must outlive the operation
         self.engine = engine  # says which ranks have not submitted it
 
-    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
-        """Complete the handle once (later calls are ignored)."""
-        self._finish(result, error)
-
     def done(self) -> bool:
-        return self._done
+        return self.finished
 
     def wait(self, timeout: float | None = None, stalled: Callable[[], str] | None = None) -> Any:
         """The result; ``timeout`` None waits as long as the engine lives (it fails the
