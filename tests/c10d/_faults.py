@@ -40,9 +40,12 @@ def ddp_until_failure(kind: str, timeout: float) -> tuple[Any, ...]:
             opt.step()
         except BaseException as exc:
             if kind in ("stop", "idle"):  # else the harness waits for it to its timeout
-                pid = int(dist.distributed_c10d._get_default_store().get("faults/pid"))
-                with contextlib.suppress(ProcessLookupError):  # another survivor did
-                    os.kill(pid, signal.SIGKILL)
+                # The store lives in rank 0: once it has failed, killed the stopped
+                # rank and returned, the store is gone and the kill already done.
+                with contextlib.suppress(dist.DistError):
+                    pid = int(dist.distributed_c10d._get_default_store().get("faults/pid"))
+                    with contextlib.suppress(ProcessLookupError):  # another survivor did
+                        os.kill(pid, signal.SIGKILL)
             return (step, type(exc).__name__, str(exc))
     return ("done",)
 

@@ -178,3 +178,23 @@ def profiler_events(kind: str) -> dict[str, Any]:
     dist.all_reduce(a)
     dist.destroy_process_group()
     return seen
+
+
+def profiled_p2p_rounds(rounds: int) -> list[int]:
+    """``rounds`` profiler sessions of one isend/irecv pair each, the profiler left as
+    soon as the requests' wait returns: the number of unison events of each session.
+    (The event must be ended before wait returns: the profiler parses its records on
+    exit, and an event still being ended then crashed it.)"""
+    rank, _ = init()
+    peer = 1 - rank
+    counts = []
+    for i in range(rounds):
+        with torch.autograd.profiler.profile() as prof:
+            out = torch.zeros(16)
+            reqs = [dist.isend(torch.full((16,), float(i)), peer), dist.irecv(out, peer)]
+            for r in reqs:
+                r.wait()
+        counts.append(sum(1 for e in prof.function_events if e.name.startswith("unison:")))
+        assert float(out[0]) == float(i), (i, out)
+    dist.destroy_process_group()
+    return counts

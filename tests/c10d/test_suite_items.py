@@ -72,3 +72,8 @@ def test_profiler_records_each_operation_as_unison_events(kind: str) -> None:
         p2p = "unison:send" if rank == 0 else "unison:recv"
         assert seen[p2p] == [(True, [[7]], 1)], seen
         assert len(seen) == 5, seen  # nothing else, and nothing after the profiler
+
+
+def test_p2p_events_are_ended_before_wait_returns() -> None:
+    outs = values(run(_suite_jobs.profiled_p2p_rounds, 2, args=(40,), timeout=150))
+    assert outs == [[2] * 40, [2] * 40], outs

@@ -61,13 +61,13 @@ def _end_when_done(record: Any, work: Any) -> None:
     _end_on(record, ender)
     me = threading.get_ident()
 
-    def done(_: Any) -> None:
+    def done() -> None:
         if threading.get_ident() == me:
-            _end_elsewhere(ender)  # completed already: ended on a helper thread
+            _end_elsewhere(ender)  # finished on this thread (inline, or in its wait)
         else:
             ender.set_result(None)
 
-    work.get_future().add_done_callback(done)
+    work.on_finished(done)  # ended before the work's wait returns
 
 
 def recorded(op: str, inputs: int | None = 0) -> Callable[[F], F]:

@@ -123,6 +123,8 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
         self._error: BaseException | None = None
         self._future: torch.futures.Future[Any] | None = None
         self._done: torch.futures.Future[None] | None = None  # completes _future
+        self._when_finished: list[Callable[[], None]] = []  # see on_finished
+        self._settling_arranged = False
         if not self._parts and finish is None:
             self._finished = True  # a blocking call that ran inline, or nothing to do
 
@@ -151,6 +153,12 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
                 except BaseException as exc:
                     err = exc
             self._error = None if err is None else translate(err)
+            for fn in self._when_finished:  # before anyone can see the work finished
+                try:
+                    fn()
+                except Exception:  # an observer's failure is not the operation's
+                    pass
+            self._when_finished.clear()
             self._finished = True
             done = self._done
         if done is not None:
@@ -216,6 +224,21 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
     def synchronize(self) -> None:
         self.wait()
 
+    def on_finished(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once the operation has finished, ok or failed, without anyone
+        calling ``wait``; at once if it already has. It runs before the work counts as
+        finished, so ``wait`` returns only after it has (the profiler ends its record
+        this way), on whichever thread finishes the operation: it must not wait for
+        this work."""
+        with self._lock:
+            pending = not self._finished
+            if pending:
+                self._when_finished.append(fn)
+        if pending:
+            self._arrange_settling()
+        else:
+            fn()
+
     def get_future(self) -> torch.futures.Future[Any]:
         """A future completed by whoever finishes the operation: the group's engine for
         collectives (callbacks, no thread), a waiter thread only for p2p requests, whose
@@ -228,6 +251,16 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
             if self._finished:
                 self._complete_future(done)
                 return fut
+        self._arrange_settling()
+        return fut
+
+    def _arrange_settling(self) -> None:
+        """Have the operation settled when it completes, by the engine's completion
+        callbacks for collectives, by a waiter thread for p2p requests (once)."""
+        with self._lock:
+            if self._settling_arranged or self._finished:
+                return
+            self._settling_arranged = True
         if all(p.pushed for p in self._parts):
             left = [len(self._parts)]
 
@@ -246,7 +279,6 @@ class UnisonWork(dist._Work):  # type: ignore[misc, name-defined]
             threading.Thread(
                 target=self._settle_quietly, name="unison-c10d-future", daemon=True
             ).start()
-        return fut
 
     def _settle_quietly(self) -> None:
         try:
@@ -292,6 +324,10 @@ class DoneWork(dist._Work):  # type: ignore[misc, name-defined]
 
     def synchronize(self) -> None:
         return None
+
+    def on_finished(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()``: the operation has finished (see :meth:`UnisonWork.on_finished`)."""
+        fn()
 
     def get_future(self) -> torch.futures.Future[Any]:
         fut: torch.futures.Future[Any] = torch.futures.Future()
