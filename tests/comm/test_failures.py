@@ -118,6 +118,46 @@ def test_root_mismatch_in_gather_and_reduce_fails_fast(p: int, kind: str, n: int
         assert m.startswith(f"{kind}: ") and "mismatch" in m and "root=" in m, m
 
 
+def _pairs_disagree_on_root(kind: str, n: int, tries: int) -> list[tuple[str, str]]:
+    """Ranks 0 and 1 root the call at 0, ranks 2 and 3 at 2: each pair agrees within
+    itself. Repeated on fresh groups (a mismatch leaves its group unusable)."""
+    r, p = un.rank(), un.size()
+    root = 0 if r < 2 else 2
+    out = []
+    for _ in range(tries):
+        g = un.new_group(list(range(p)))
+        x = np.full(n, r + 1.0, np.float32)
+        try:
+            if kind == "gather":
+                bufs = [np.empty(n, np.float32) for _ in range(p)] if r == root else None
+                un.gather(x, bufs, dst=root, group=g)
+            else:
+                un.reduce(x, dst=root, group=g)
+        except un.MismatchError as exc:
+            out.append((str(exc.op), str(exc)))
+            continue
+        raise AssertionError("no mismatch detected")
+    return out
+
+
+@pytest.mark.parametrize("n", [8, 200_000])
+@pytest.mark.parametrize("kind", ["gather", "reduce"])
+def test_root_mismatch_between_agreeing_pairs_fails_fast_naming_the_call(kind: str, n: int) -> None:
+    """Every rank's root is compared with every other's, not only a partner's. The
+    mismatch names the call: it named the internal signature confirmation ("check")
+    on some runs of a small reduce."""
+    start = time.monotonic()
+    outs = spawn(
+        _pairs_disagree_on_root, 4, args=(kind, n, 4), env={"UNISON_TIMEOUT": "60"}, timeout=90
+    )
+    assert time.monotonic() - start < 30, "mismatch found only by the timeout"
+    for per_rank in outs:
+        for op, text in per_rank:
+            assert op == kind, (op, text)
+            assert f"mismatched collective at {kind} #" in text, text
+            assert "root=0" in text and "root=2" in text and "check" not in text, text
+
+
 def _splits_disagree() -> str:
     """Rank 0's splits say it sends itself nothing but expects 4 elements from itself."""
     r = un.rank()

@@ -131,8 +131,16 @@ class OpContext:
         self._aborted: BaseException | None = None
 
     @property
+    def label(self) -> str:
+        """The operation this context's errors name: a signature confirmation's errors
+        name the operation it confirms (the user called that one)."""
+        if self.op is OpCode.CHECK:
+            return OpCode(self.data_sig.op).label
+        return self.op.label
+
+    @property
     def name(self) -> str:
-        return f"{self.op.label} #{self.seq} (group {self.group_id})"
+        return f"{self.label} #{self.seq} (group {self.group_id})"
 
     def seg_count(self, dtype: DType) -> int:
         """Elements per pipeline segment for this dtype."""
@@ -221,16 +229,18 @@ class OpContext:
         if notes:
             text += "; " + "; ".join(notes)
         return CollectiveTimeoutError(
-            text, op=self.op.label, seq=self.seq, group=self.group_id, ranks=silent
+            text, op=self.label, seq=self.seq, group=self.group_id, ranks=silent
         )
 
     def mismatch_error(self, peer: int, theirs: OpSig) -> MismatchError:
         """Global rank ``peer`` called ``theirs`` where this rank called this operation."""
         me = self.ranks[self.rank]
+        if theirs.op == OpCode.CHECK:  # a confirmation's frame: it carries the call's fields
+            theirs = theirs._replace(op=self.data_sig.op)
         return MismatchError(
             f"mismatched collective at {self.name}: rank {peer} called {describe(theirs)} "
             f"but rank {me} called {describe(self.data_sig)}",
-            op=self.op.label,
+            op=self.label,
             seq=self.seq,
             group=self.group_id,
             ranks=(peer, me),
@@ -248,7 +258,7 @@ class OpContext:
             return exc
         err = type(exc)(
             f"{self.name}: {exc}",
-            op=self.op.label,
+            op=self.label,
             seq=self.seq,
             group=self.group_id,
             ranks=exc.ranks,
@@ -261,8 +271,8 @@ class OpContext:
         if req.sender_sig is not None and req.sender_sig != self.sig:
             return self.mismatch_error(req.peer, req.sender_sig)
         return MismatchError(
-            f"mismatched message sizes at {self.name} ({describe(self.sig)}): {exc}",
-            op=self.op.label,
+            f"mismatched message sizes at {self.name} ({describe(self.data_sig)}): {exc}",
+            op=self.label,
             seq=self.seq,
             group=self.group_id,
             ranks=(req.peer, self.ranks[self.rank]),
