@@ -94,3 +94,38 @@ def work_wait_timeout() -> dict[str, Any]:
     dist.barrier()
     dist.destroy_process_group()
     return out
+
+
+def bfloat16_against_float32() -> dict[str, Any]:
+    """3 ranks. bfloat16 is staged as float32: rank 0 passing bfloat16 where the others pass
+    float32 is still a mismatch, for each kind of call (each on a fresh group, as a
+    mismatch leaves its group unusable); all ranks passing bfloat16 still agree."""
+    rank, size = init(timeout=30.0)
+    out: dict[str, Any] = {}
+
+    def t(n: int) -> torch.Tensor:
+        return torch.full((n,), float(rank + 1), dtype=torch.bfloat16 if rank == 0 else None)
+
+    cases: dict[str, Any] = {
+        "all_reduce_small": lambda g: dist.all_reduce(t(8), group=g),
+        "all_reduce_large": lambda g: dist.all_reduce(t(300_000), group=g),
+        "all_reduce_async": lambda g: dist.all_reduce(t(8), group=g, async_op=True).wait(),
+        "broadcast": lambda g: dist.broadcast(t(8), src=1, group=g),
+        "all_gather": lambda g: dist.all_gather([t(8) for _ in range(size)], t(8), group=g),
+        "reduce": lambda g: dist.reduce(t(8), dst=2, group=g),
+    }
+    for name, call in cases.items():
+        group = dist.new_group(list(range(size)))
+        exc = _catch(lambda: call(group))  # noqa: B023 (called at once)
+        out[name] = (
+            type(exc).__name__,
+            str(exc),
+            isinstance(exc, dist.DistBackendError) and isinstance(exc, unison.MismatchError),
+            getattr(exc, "op", None),
+        )
+    same = torch.full((1000,), float(rank + 1), dtype=torch.bfloat16)
+    dist.all_reduce(same)  # the world group is intact; all bfloat16: no mismatch
+    out["sum"] = same.float().tolist()[:3]
+    dist.destroy_process_group()
+    return out
+

@@ -38,3 +38,24 @@ def test_work_wait_timeout_leaves_operation_running() -> None:
     assert outs[0]["completed_early"] is False
     assert outs[0]["value"] == [5.0, 6.0]
     assert outs[0]["sum"] == [2.0, 2.0, 2.0], outs[0]
+
+
+def test_bfloat16_against_float32_is_a_mismatch_on_every_rank() -> None:
+    """bfloat16 is staged as float32; the signature still names bfloat16 (it named the
+    staged float32: rank 0's bfloat16 all_reduce was summed with the others' float32)."""
+    outs = values(run(_errors.bfloat16_against_float32, 3, timeout=100))
+    for r, out in enumerate(outs):
+        for case in (
+            "all_reduce_small",
+            "all_reduce_large",
+            "all_reduce_async",
+            "broadcast",
+            "all_gather",
+            "reduce",
+        ):
+            name, text, typed, op = out[case]
+            assert name == "DistMismatchError" and typed, (r, case, name, text)
+            assert op == case.split("_small")[0].split("_large")[0].split("_async")[0], (r, op)
+            assert "bfloat16" in text and "float32" in text and "rank 0" in text, (r, text)
+        assert out["sum"] == [6.0, 6.0, 6.0], out  # 1 + 2 + 3, against the numpy oracle
+

@@ -32,6 +32,15 @@ class Buffer:
     #: element count of a device (GPU) tensor, whose ``array`` is an empty placeholder:
     #: only engines that accept device buffers (torch.distributed/NCCL) ever see one
     device_count: int | None = None
+    #: the dtype of the caller's tensor where this buffer is a copy of it in another
+    #: dtype (torch.distributed stages bfloat16 as float32): what the operation's
+    #: signature names, so that ranks that passed different dtypes disagree
+    declared: DType | None = None
+
+    @property
+    def sig_dtype(self) -> DType:
+        """The dtype signatures carry: the caller's (:attr:`declared`), else :attr:`dtype`."""
+        return self.dtype if self.declared is None else self.declared
 
     @property
     def count(self) -> int:

@@ -13,7 +13,9 @@ A group whose engine runs small blocking collectives in the caller's thread
 there: the first blocking call of a signature is validated in full and prepared by
 the engine; later calls of that signature on plain numpy arrays find the prepared
 call by signature and check only what can change between calls of one signature
-(the array's contiguity and writability) before running it.
+(the array's contiguity and writability) before running it. A buffer staged in
+another dtype than its caller's (:attr:`Buffer.declared`) takes the general path, whose
+signature names the caller's dtype.
 """
 
 from __future__ import annotations
@@ -112,13 +114,13 @@ def broadcast(comm: Group, buf: Any, src: int, async_op: bool) -> Work | None:
     comm.require_member("broadcast")
     b = _as(comm, buf, "broadcast buffer", device=True)
     root = comm.group_rank(src, "src")
-    if ct is not None and not async_op:
+    if ct is not None and not async_op and b.declared is None:
         arr, key = _signature(OpCode.BROADCAST, buf, b, comm.ranks[root])
         call = ct.prepared(key, OpCode.BROADCAST, arr, b.nbytes, b.dtype, root=comm.ranks[root])
         if call is not None and ct.run(call, arr, arr):
             return None
     if comm.broken is not None or not comm.backend.checks_signatures:
-        guard(comm, OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
+        guard(comm, OpCode.BROADCAST, b.sig_dtype, b.count, root=comm.ranks[root])
     return issue(comm.backend.broadcast(comm, b, root), async_op, [b.source])
 
 
@@ -143,13 +145,13 @@ def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
     b = _as(comm, buf, "all_reduce buffer", device=True)
     rop = _op(op)
     check_op(rop, b.dtype)
-    if ct is not None and not async_op:
+    if ct is not None and not async_op and b.declared is None:
         arr, key = _signature(OpCode.ALL_REDUCE, buf, b, rop)
         call = ct.prepared(key, OpCode.ALL_REDUCE, arr, b.nbytes, b.dtype, rop)
         if call is not None and ct.run(call, arr, arr):
             return None
     if comm.broken is not None or not comm.backend.checks_signatures:
-        guard(comm, OpCode.ALL_REDUCE, b.dtype, b.count, rop)
+        guard(comm, OpCode.ALL_REDUCE, b.sig_dtype, b.count, rop)
     return issue(comm.backend.all_reduce(comm, b, rop), async_op, [b.source])
 
 
@@ -160,7 +162,7 @@ def reduce(comm: Group, buf: Any, dst: int, op: Any, async_op: bool) -> Work | N
     check_op(rop, b.dtype)
     root = comm.group_rank(dst, "dst")
     if comm.broken is not None or not comm.backend.checks_signatures:
-        guard(comm, OpCode.REDUCE, b.dtype, b.count, rop, comm.ranks[root])
+        guard(comm, OpCode.REDUCE, b.sig_dtype, b.count, rop, comm.ranks[root])
     return issue(comm.backend.reduce(comm, b, root, rop), async_op, [b.source])
 
 
@@ -168,7 +170,7 @@ def _allgather_submit(
     comm: Group, b: Buffer, blocks: list[np.ndarray], async_op: bool, result: Any
 ) -> Work | None:
     if comm.broken is not None or not comm.backend.checks_signatures:
-        guard(comm, OpCode.ALL_GATHER, b.dtype, b.count)
+        guard(comm, OpCode.ALL_GATHER, b.sig_dtype, b.count)
     outputs = list(result) if isinstance(result, (list, tuple)) else [result]
     return issue(comm.backend.all_gather(comm, b, blocks, result), async_op, outputs)
 
@@ -179,7 +181,7 @@ def all_gather(comm: Group, out_list: Any, buf: Any, async_op: bool) -> Work | N
     outs = _list(comm, out_list, "all_gather output list", b, writable=True)
     blocks = [o.array for o in outs]
     ct = comm.caller_thread
-    if ct is not None and not async_op:
+    if ct is not None and not async_op and b.declared is None:
         key = (OpCode.ALL_GATHER, "list", b.dtype, b.array.dtype, b.count)
         call = ct.prepared(key, OpCode.ALL_GATHER, b.array, b.nbytes, b.dtype, gather_list=True)
         if call is not None and ct.run(call, b.array, blocks):
@@ -208,7 +210,7 @@ def all_gather_into_tensor(comm: Group, out: Any, buf: Any, async_op: bool) -> W
             f"all_gather output must hold {comm.size} x {b.count} {b.dtype.label} elements, "
             f"got {o.count} {o.dtype.label}"
         )
-    if ct is not None and not async_op:
+    if ct is not None and not async_op and b.declared is None:
         plain = type(out) is np.ndarray and type(buf) is np.ndarray
         inp, dst = (buf, out) if plain else (b.array, o.array)
         key: tuple[Any, ...] = (
@@ -241,7 +243,7 @@ def gather(comm: Group, buf: Any, gather_list: Any, dst: int, async_op: bool) ->
     outs = _rooted_list(comm, gather_list, "gather_list", b, me == root, writable=True)
     blocks = None if outs is None else [o.array for o in outs]
     if comm.broken is not None or not comm.backend.checks_signatures:
-        guard(comm, OpCode.GATHER, b.dtype, b.count, root=comm.ranks[root])
+        guard(comm, OpCode.GATHER, b.sig_dtype, b.count, root=comm.ranks[root])
     outputs = [o.source for o in outs or ()]
     return issue(comm.backend.gather(comm, b, blocks, root), async_op, outputs)
 
@@ -253,7 +255,7 @@ def scatter(comm: Group, buf: Any, scatter_list: Any, src: int, async_op: bool) 
     ins = _rooted_list(comm, scatter_list, "scatter_list", b, me == root, writable=False)
     blocks = None if ins is None else [i.array for i in ins]
     if comm.broken is not None or not comm.backend.checks_signatures:
-        guard(comm, OpCode.SCATTER, b.dtype, b.count, root=comm.ranks[root])
+        guard(comm, OpCode.SCATTER, b.sig_dtype, b.count, root=comm.ranks[root])
     return issue(comm.backend.scatter(comm, b, blocks, root), async_op, [b.source])
 
 
@@ -261,7 +263,7 @@ def _reduce_scatter_submit(
     comm: Group, o: Buffer, blocks: list[np.ndarray], rop: ReduceOp, async_op: bool
 ) -> Work | None:
     if comm.broken is not None or not comm.backend.checks_signatures:
-        guard(comm, OpCode.REDUCE_SCATTER, o.dtype, o.count, rop)
+        guard(comm, OpCode.REDUCE_SCATTER, o.sig_dtype, o.count, rop)
     return issue(comm.backend.reduce_scatter(comm, o, blocks, rop), async_op, [o.source])
 
 
@@ -273,7 +275,7 @@ def reduce_scatter(comm: Group, out: Any, in_list: Any, op: Any, async_op: bool)
     ins = _list(comm, in_list, "reduce_scatter input list", o, writable=False)
     blocks = [i.array for i in ins]
     ct = comm.caller_thread
-    if ct is not None and not async_op:
+    if ct is not None and not async_op and o.declared is None:
         arr = o.array
         key = (OpCode.REDUCE_SCATTER, "list", o.dtype, arr.dtype, o.count, rop)
         call = ct.prepared(key, OpCode.REDUCE_SCATTER, arr, o.nbytes * comm.size, o.dtype, rop)
@@ -321,7 +323,7 @@ def reduce_scatter_tensor(
             f"reduce_scatter input must hold {comm.size} x {o.count} {o.dtype.label} "
             f"elements, got {i.count} {i.dtype.label}"
         )
-    if ct is not None and not async_op:
+    if ct is not None and not async_op and o.declared is None:
         plain = type(out) is np.ndarray and type(inbuf) is np.ndarray
         dst = out if plain else o.array
         key = (
@@ -344,7 +346,7 @@ def _alltoall_submit(
     result: Any,
 ) -> Work | None:
     if comm.broken is not None or not comm.backend.checks_signatures:
-        guard(comm, OpCode.ALL_TO_ALL, ref.dtype)
+        guard(comm, OpCode.ALL_TO_ALL, ref.sig_dtype)
     outputs = list(result) if isinstance(result, (list, tuple)) else [result]
     return issue(comm.backend.all_to_all(comm, outs, ins, result, ref), async_op, outputs)
 

@@ -48,7 +48,7 @@ class NativeBackend:
 
     def broadcast(self, comm: Group, b: Buffer, root: int) -> Work:
         ex = self._ex(comm)
-        sig = ex.sig(OpCode.BROADCAST, b.dtype, b.count, root=comm.ranks[root])
+        sig = ex.sig(OpCode.BROADCAST, b.sig_dtype, b.count, root=comm.ranks[root])
         slots = slots_for(self.rt, comm, b.nbytes)
         if slots is not None:
             s = slots
@@ -66,7 +66,7 @@ class NativeBackend:
 
     def all_reduce(self, comm: Group, b: Buffer, op: ReduceOp) -> Work:
         ex = self._ex(comm)
-        sig = ex.sig(OpCode.ALL_REDUCE, b.dtype, b.count, redop=op)
+        sig = ex.sig(OpCode.ALL_REDUCE, b.sig_dtype, b.count, redop=op)
         slots = slots_for(self.rt, comm, b.nbytes)
         if slots is not None:
             s = slots
@@ -91,12 +91,12 @@ class NativeBackend:
         def body(ctx: OpContext) -> None:
             algo.run(ctx, b.array, root, kern, op, b.dtype, ctx.seg_count(b.dtype))
 
-        sig = ex.sig(OpCode.REDUCE, b.dtype, b.count, redop=op, root=comm.ranks[root])
+        sig = ex.sig(OpCode.REDUCE, b.sig_dtype, b.count, redop=op, root=comm.ranks[root])
         return ex.submit(OpCode.REDUCE, sig, body)
 
     def all_gather(self, comm: Group, b: Buffer, outs: list[np.ndarray], result: Any) -> Work:
         ex = self._ex(comm)
-        sig = ex.sig(OpCode.ALL_GATHER, b.dtype, b.count)
+        sig = ex.sig(OpCode.ALL_GATHER, b.sig_dtype, b.count)
         slots = slots_for(self.rt, comm, b.nbytes)
         if slots is not None:
             run = small_all_gather(slots, b, outs, result)
@@ -125,7 +125,7 @@ class NativeBackend:
         def body(ctx: OpContext) -> None:
             gather_scatter_linear.gather(ctx, b.array, outs, root)
 
-        sig = ex.sig(OpCode.GATHER, b.dtype, b.count, root=comm.ranks[root])
+        sig = ex.sig(OpCode.GATHER, b.sig_dtype, b.count, root=comm.ranks[root])
         return ex.submit(OpCode.GATHER, sig, body)
 
     def scatter(
@@ -140,7 +140,7 @@ class NativeBackend:
         def body(ctx: OpContext) -> None:
             gather_scatter_linear.scatter(ctx, b.array, ins, root)
 
-        sig = ex.sig(OpCode.SCATTER, b.dtype, b.count, root=comm.ranks[root])
+        sig = ex.sig(OpCode.SCATTER, b.sig_dtype, b.count, root=comm.ranks[root])
         return ex.submit(OpCode.SCATTER, sig, body)
 
     def reduce_scatter(
@@ -151,7 +151,7 @@ class NativeBackend:
         op: ReduceOp,
     ) -> Work:
         ex = self._ex(comm)
-        sig = ex.sig(OpCode.REDUCE_SCATTER, out.dtype, out.count, redop=op)
+        sig = ex.sig(OpCode.REDUCE_SCATTER, out.sig_dtype, out.count, redop=op)
         slots = slots_for(self.rt, comm, out.nbytes * comm.size)
         if slots is not None:
             run = small_reduce_scatter(slots, out, ins, op, out.dtype)
@@ -181,7 +181,7 @@ class NativeBackend:
             algo.run(ctx, outs, ins)
             return result
 
-        sig = ex.sig(OpCode.ALL_TO_ALL, ref.dtype if ref is not None else 0)
+        sig = ex.sig(OpCode.ALL_TO_ALL, ref.sig_dtype if ref is not None else 0)
         return ex.submit(OpCode.ALL_TO_ALL, sig, body)
 
     def barrier(self, comm: Group) -> Work:

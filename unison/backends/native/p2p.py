@@ -78,7 +78,7 @@ def _key(ex: Executor, tag: int) -> tuple[int, int, int, int]:
 
 def post_send(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
     """Send the validated ``b`` to global rank ``peer`` on ``ex``'s group."""
-    sig = ex.sig(OpCode.P2P, b.dtype, b.count)
+    sig = ex.sig(OpCode.P2P, b.sig_dtype, b.count)
     rt = ex.rt
     deadline = time.monotonic() + ex.group.config.timeout
     req = rt.router.isend(peer, _key(ex, tag), b.array.view(np.uint8), sig, deadline)
@@ -88,7 +88,7 @@ def post_send(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
 
 def post_recv(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
     """Receive from global rank ``peer`` (or ``ANY_SOURCE``) into the validated ``b``."""
-    sig = ex.sig(OpCode.P2P, b.dtype, b.count)
+    sig = ex.sig(OpCode.P2P, b.sig_dtype, b.count)
     rt = ex.rt
     deadline = time.monotonic() + ex.group.config.timeout
     view = b.array.view(np.uint8)

@@ -5,12 +5,14 @@ torch calls these methods with group ranks and option structs; each one maps to
 the unison collective over the group's Communicator (global ranks), started
 asynchronously and wrapped in a :class:`UnisonWork`. Tensors that unison cannot
 use in place (non-contiguous, on a GPU, bfloat16) go through a contiguous CPU
-copy that is copied back when the operation finishes.
+copy that is copied back when the operation finishes; a bfloat16 tensor's copy is
+float32, and its operation's signature still says bfloat16.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..._types import ReduceOp
+from ...buffers import Buffer, DType, as_buffer
 from ...comm import collectives as _c
 from ...comm.group import Group
 from ...comm.work import Work as UWork
@@ -73,15 +76,21 @@ class HostStage:
     def __init__(self) -> None:
         self.back: list[Callable[[], None]] = []
 
-    def __call__(self, t: torch.Tensor, write: bool = True) -> torch.Tensor:
+    def __call__(self, t: torch.Tensor, write: bool = True) -> torch.Tensor | Buffer:
+        """``t`` itself, or a contiguous CPU copy of it. A bfloat16 tensor's copy is
+        float32 and comes as a :class:`Buffer` declaring bfloat16: the operation's
+        signature names the caller's dtype, so a rank that passed bfloat16 and one
+        that passed float32 get a mismatch instead of a float32 operation."""
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError(f"expected a torch.Tensor, got {type(t).__name__}")
         if t.device.type == "cpu" and t.is_contiguous() and t.dtype != torch.bfloat16:
             return t
-        dtype = torch.float32 if t.dtype == torch.bfloat16 else t.dtype
-        tmp = t.detach().to("cpu", dtype, copy=True).contiguous()
+        bf16 = t.dtype == torch.bfloat16
+        tmp = t.detach().to("cpu", torch.float32 if bf16 else t.dtype, copy=True).contiguous()
         if write:
             self.back.append(lambda: _copy(t, tmp))
+        if bf16:
+            return replace(as_buffer(tmp), declared=DType.BFLOAT16)
         return tmp
 
     def finish(self) -> Callable[[], None] | None:
@@ -265,8 +274,9 @@ class UnisonProcessGroup(dist.ProcessGroup):
         st = HostStage()
         if not tensors:
             return self.work_for("all_reduce_coalesced", [], tensors, st)
-        flat = torch.cat([t.detach().reshape(-1).to("cpu") for t in tensors])
-        flat = st(flat, write=False)
+        joined = torch.cat([t.detach().reshape(-1).to("cpu") for t in tensors])
+        staged = st(joined, write=False)
+        flat = staged.source if isinstance(staged, Buffer) else staged
 
         def back() -> None:
             off = 0
@@ -276,7 +286,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
                 off += n
 
         st.back.append(back)
-        part = self.start_op(_c.all_reduce, self._comm, flat, op, _async(opts))
+        part = self.start_op(_c.all_reduce, self._comm, staged, op, _async(opts))
         return self.work_for("all_reduce_coalesced", [part], tensors, st)
 
     @recorded("reduce")
