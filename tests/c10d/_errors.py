@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -129,3 +130,32 @@ def bfloat16_against_float32() -> dict[str, Any]:
     dist.destroy_process_group()
     return out
 
+
+def subgroup_deadline() -> dict[str, Any]:
+    """3 ranks, the default group's timeout 60 s. Sub-groups of all three made with
+    timeout=2 s; rank 2 stays alive but never calls their all_reduce (a small and a large
+    one, each on its own group: a timeout leaves its group unusable)."""
+    rank, size = init(timeout=60.0)
+    store = dist.distributed_c10d._get_default_store()
+    out: dict[str, Any] = {}
+    groups = [dist.new_group(list(range(size)), timeout=timedelta(seconds=2)) for _ in range(2)]
+    if rank != 2:
+        for n, g in zip((8, 300_000), groups, strict=True):
+            t0 = time.monotonic()
+            exc = _catch(lambda: dist.all_reduce(torch.ones(n), group=g))  # noqa: B023
+            out[n] = (
+                type(exc).__name__,
+                str(exc),
+                time.monotonic() - t0,
+                isinstance(exc, dist.DistBackendError) and isinstance(exc, TimeoutError),
+                getattr(exc, "op", None),
+                list(getattr(exc, "ranks", None) or ()),
+            )
+        store.set(f"c10d-test/deadline{rank}", b"1")
+    else:
+        store.wait(["c10d-test/deadline0", "c10d-test/deadline1"], timedelta(seconds=60))
+    x = torch.full((4,), float(rank + 1))
+    dist.all_reduce(x)  # the default group is untouched
+    out["sum"] = x.tolist()
+    dist.destroy_process_group()
+    return out

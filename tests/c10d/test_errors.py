@@ -59,3 +59,17 @@ def test_bfloat16_against_float32_is_a_mismatch_on_every_rank() -> None:
             assert "bfloat16" in text and "float32" in text and "rank 0" in text, (r, text)
         assert out["sum"] == [6.0, 6.0, 6.0], out  # 1 + 2 + 3, against the numpy oracle
 
+
+def test_subgroup_timeout_is_the_deadline_of_its_collectives() -> None:
+    """new_group(timeout=2 s) bounds every collective on the group (it bounded only a
+    blocking barrier: an all_reduce waited out the default group's 60 s)."""
+    outs = values(run(_errors.subgroup_deadline, 3, timeout=100))
+    for r in (0, 1):
+        for n in (8, 300_000):
+            name, text, elapsed, typed, op, ranks = outs[r][n]
+            assert name == "DistCollectiveTimeoutError" and typed, (r, n, name, text)
+            assert op == "all_reduce" and ranks == [2], (r, n, op, ranks, text)
+            assert "rank 2" in text and "all_reduce" in text, text
+            assert 1.0 < elapsed < 20.0, (r, n, elapsed)  # the group's 2 s, not the job's 60 s
+    for out in outs:
+        assert out["sum"] == [6.0] * 4, out  # 1 + 2 + 3 on the default group

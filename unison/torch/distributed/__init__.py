@@ -47,7 +47,7 @@ def _create(opts: Any, pg_options: Any = None) -> UnisonProcessGroup:
         if not isinstance(world, Runtime):
             raise RuntimeError("unison: the default group must use the 'unison' backend too")
         rt = world
-    comm = communicator(rt, str(opts.group_id), ranks, default)
+    comm = communicator(rt, str(opts.group_id), ranks, default, opts.timeout)
     pg = UnisonProcessGroup(
         opts.store, opts.group_rank, opts.group_size, opts.timeout, comm, default
     )

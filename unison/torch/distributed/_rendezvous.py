@@ -123,15 +123,24 @@ def leave() -> None:
             _w.shutdown()
 
 
-def communicator(rt: _rt.Runtime, group_name: str, ranks: Sequence[int], default: bool) -> Group:
+def communicator(
+    rt: _rt.Runtime,
+    group_name: str,
+    ranks: Sequence[int],
+    default: bool,
+    timeout: timedelta | None = None,
+) -> Group:
     """The unison Group of the torch group ``group_name`` over global ``ranks``.
 
     torch creates a backend only on the group's members, so the group id cannot
     come from unison's own collective ``new_group`` counter: it is derived from
-    torch's group name, which every member agrees on.
+    torch's group name, which every member agrees on. A sub-group's ``timeout``
+    (``new_group(timeout=...)``, when the caller gave one: :func:`explicit_timeout`)
+    is the deadline of every operation on it, as unison's ``new_group(timeout=...)``.
     """
     members = sorted(int(r) for r in ranks)
     if default:
         return rt.world
     gid = 0x40000000 | (zlib.crc32(f"{group_name}/{members}".encode()) & 0x3FFFFFFF)
-    return rt.group(gid, members)
+    own = timeout.total_seconds() if timeout is not None and explicit_timeout(timeout) else None
+    return rt.group(gid, members, timeout=own)
