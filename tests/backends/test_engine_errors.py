@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -172,3 +174,42 @@ def test_mpi_mismatch_and_refusal() -> None:
         assert f"rank {r} MismatchError: all_reduce (group 0, mpi): mismatch" in out, out
         assert f"rank {r} usable after mismatch: 3.0" in out, out
     assert "rank 0 AbortedError: all_reduce refused: group 1 is unusable" in out, out
+
+
+@needs_mpi
+@pytest.mark.timeout(90)
+def test_mpi_rank_killed_ends_the_job_naming_the_rank() -> None:
+    """The mpi engine's "rank killed" case. OpenMPI's default on a lost process is to
+    abort the job: mpirun ends the survivors and exits nonzero naming the rank, before
+    any survivor's deadline (5 s) can raise. Checked: that exit and its message, no
+    survivor that completed as if nothing happened, and no process left behind."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNISON_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["KILL_TIMEOUT"] = "5"
+    start = time.monotonic()
+    proc = subprocess.run(
+        _mpi_command(3, HERE / "mpi_killed.py"), env=env, capture_output=True, text=True, timeout=80
+    )
+    elapsed = time.monotonic() - start
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert re.search(r"process rank 1 with PID \d+ .*exited on\s+signal 9", text, re.S), text
+    assert "no error" not in proc.stdout, text
+    for line in proc.stdout.splitlines():  # a survivor that reported: typed, naming rank 1
+        if line.startswith(("rank 0 ", "rank 2 ")) and " pid " not in line:
+            assert "PeerLostError" in line and "rank 1" in line, line
+    assert elapsed < 60, elapsed
+    pids = [int(p) for p in re.findall(r"^rank \d pid (\d+)$", proc.stdout, re.M)]
+    assert len(pids) == 3, proc.stdout
+    time.sleep(0.5)
+    left = [p for p in pids if _alive(p)]
+    assert not left, f"processes left behind: {left}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone but for its parent's wait
+        return f.read().split(")")[-1].split()[0] != "Z"
