@@ -73,7 +73,7 @@ def test_lost_host_of_workers_then_replacements_join_across_hosts(tmp_path: Path
         hosts.close()
     stdout = "".join(lines) + out
     assert proc.returncode == 0, err[-4000:]
-    assert f"blacklisting host {h0} for " in err, err[-4000:]
+    assert f"; blacklist failing host: {h0} (for " in err, err[-4000:]
     for wid in (0, 1):
         assert f"starting worker {wid} on host {h0} (replaces the lost worker" in err, err
     pulls: dict[int, set[str]] = {}

@@ -96,7 +96,10 @@ def test_lost_worker_then_world_grows_back(monkeypatch: pytest.MonkeyPatch) -> N
     finally:
         ex.shutdown()
     assert log[0] == "world 0: 3 workers (start)"
-    assert any("rank 2" in line and "actor died" in line for line in log), log
+    assert any(
+        "rank 2" in line and "actor died" in line and "blacklist failing host: " in line
+        for line in log
+    ), log
     assert any(line.startswith("world 1: 2 workers") for line in log), log
     assert any("workers (new slots" in line for line in log), log
     assert [r["rank"] for r in results] == [0, 1, 2]

@@ -33,7 +33,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..elastic import Blacklist, HostDiscovery, Member, Round, assign, cancel, plan, publish
+from ..elastic import (
+    Blacklist,
+    HostDiscovery,
+    Member,
+    Round,
+    assign,
+    blacklisted,
+    cancel,
+    plan,
+    publish,
+)
 from ..errors import LaunchError
 from ..jobenv import usable_cores
 from ..store import TCPStore, TCPStoreServer
@@ -187,14 +197,15 @@ class ElasticDriver:
         host = w.member.host
         why = f"rank {w.member.rank} (worker {w.member.id}) on host {host} failed"
         why += f" ({describe_exit(rc)})"
-        delay = self.blacklist.add(host)
-        self._say(
-            f"blacklisting host {host} "
-            + ("for good" if delay is None else f"for {delay:g} s")
-            + f": {why}"
-        )
+        self._blacklist(host, why)
         self._end_workers_on(host)
         self._reform(why)
+
+    def _blacklist(self, host: str, why: str) -> None:
+        """Leave ``host`` out of the next worlds (for good, or for its cool-down), and say
+        so as every event is said: what happened, then what the driver does."""
+        delay = self.blacklist.add(host)
+        self._say(f"worker lost: {why}; {blacklisted(host, delay)}")
 
     def _on_discovery_tick(self) -> None:
         if self.succeeded:

@@ -192,12 +192,7 @@ class PsElasticDriver(ElasticDriver):
                 cancel_join(self.client, role.ticket, why)
         if w.ended_by_driver or self.failure is not None or self.succeeded:
             return
-        delay = self.blacklist.add(host)
-        self._say(
-            f"blacklisting host {host} "
-            + ("for good" if delay is None else f"for {delay:g} s")
-            + f": {why}"
-        )
+        self._blacklist(host, why)
         self.free_ids = sorted({*self.free_ids, role.index})
         self._reform(why)
 

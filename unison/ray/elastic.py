@@ -26,7 +26,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..elastic import Blacklist, Member, Round, assign, cancel, plan, publish
+from ..elastic import Blacklist, Member, Round, assign, blacklisted, cancel, plan, publish
 from ..errors import LaunchError, UnsupportedError
 from ..launch.hosts import Slot
 from ..launch.rankenv import rank_environment, thread_share
@@ -421,10 +421,9 @@ class ElasticRayExecutor:
 
     def _lost(self, w: _Worker) -> None:
         delay = self.blacklist.add(w.member.host)
-        how = "for good" if delay is None else f"for {delay:g} s"
         self._pending = (
-            f"rank {w.member.rank} (worker {w.member.id}) lost: its actor died; node "
-            f"{w.member.host[:8]} blacklisted {how}"
+            f"worker lost: rank {w.member.rank} (worker {w.member.id}): its actor died; "
+            + blacklisted(w.member.host[:8], delay)
         )
         self._note(self._pending)
         w.actor = None
