@@ -46,7 +46,6 @@ def main() -> int:
     args = ap.parse_args()
 
     hvd.init()
-    torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     run_module = importlib.import_module("unison.horovod.elastic")  # last_failure_at
 

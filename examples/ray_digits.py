@@ -50,7 +50,6 @@ def train(
         return float(hvd.allreduce(t, name=name, op=hvd.Sum).item())
 
     hvd.init()
-    torch.set_num_threads(1)
     torch.manual_seed(seed + hvd.rank())  # different on purpose: the broadcast fixes it
     rank, size = hvd.rank(), hvd.size()
     digits = load_digits()

@@ -77,7 +77,8 @@ def test_host_loss_shrinks_the_world_and_training_finishes(tmp_path: Path) -> No
     err = r.stderr
     assert "elastic job: initial world; world 0: 4 ranks (localhost:2, 127.0.0.1:2)" in err
     lost = r"rank ([01]) \(worker localhost\[\1\]\) on host localhost failed"
-    assert re.search(f"blacklisting host localhost for good: {lost}", err), err
+    lost_line = f"unison run: worker lost: {lost} .killed by SIGKILL.; "
+    assert re.search(lost_line + r"blacklist failing host: localhost \(for good\)\n", err), err
     assert re.search(f"elastic reset 1: {lost} .killed by SIGKILL.; world 1: 2 ranks", err)
     assert "world 1: 2 ranks (127.0.0.1:2)" in err and "elastic reset 2" not in err
     # output lines are prefixed with the rank in the newest world (workers 2, 3 -> 0, 1)
@@ -133,7 +134,7 @@ def test_member_lost_during_rendezvous_is_left_behind(tmp_path: Path) -> None:
     err = r.stderr
     assert "elastic reset 1: new slots from host discovery; world 1: 3 ranks" in err, err
     lost = "rank 2 (worker 127.0.0.1[2]) on host 127.0.0.1 failed (killed by SIGKILL)"
-    assert f"blacklisting host 127.0.0.1 for good: {lost}" in err
+    assert f"worker lost: {lost}; blacklist failing host: 127.0.0.1 (for good)\n" in err
     assert f"elastic reset 2: {lost}; world 2: 2 ranks (localhost:2)" in err
     # both survivors stopped waiting because the rendezvous was cancelled, not timed out
     cancelled = "world 1 did not form (init: rank {}: the rendezvous was cancelled: "
@@ -156,8 +157,10 @@ def test_failing_host_is_blacklisted_then_returns_after_cooldown(tmp_path: Path)
     assert r.returncode == 0, r.stderr[-4000:]
     _same_model(_results(r), 2, 4)
     err = r.stderr
-    assert "blacklisting host 127.0.0.1 for 1 s: rank 1 (worker 127.0.0.1[1])" in err, err
-    assert "blacklisting host 127.0.0.1 for 2 s: rank 1 (worker 127.0.0.1[2])" in err, err
+    for worker, cooldown in (("127.0.0.1[1]", 1), ("127.0.0.1[2]", 2)):
+        lost = f"rank 1 (worker {worker}) on host 127.0.0.1 failed (killed by SIGKILL)"
+        blacklist = f"blacklist failing host: 127.0.0.1 (for {cooldown} s)"
+        assert f"unison run: worker lost: {lost}; {blacklist}\n" in err, err
     assert "world 1: 1 ranks (localhost:1)" in err and "world 3: 1 ranks (localhost:1)" in err
     assert "elastic reset 2: new slots from host discovery; world 2: 2 ranks " in err
     assert "elastic reset 4: new slots from host discovery; world 4: 2 ranks " in err
@@ -254,7 +257,7 @@ def test_removed_host_and_reset_limit(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "round 1" in r.stdout
     assert "elastic reset 1: hosts removed by discovery: 127.0.0.1; world 1: 1 ranks" in r.stderr
-    assert "blacklisting" not in r.stderr  # ended by the launcher: not a failure
+    assert "blacklist" not in r.stderr  # ended by the launcher: not a failure
     # one failure is one reset too many with --reset-limit 0
     die = "import os,sys,time; os.environ['UNISON_ELASTIC_ID'][0]=='1' and sys.exit(3)\n"
     die += "time.sleep(60)"

@@ -49,7 +49,7 @@ def test_host_loss_then_the_host_returns(two: BridgedHosts, tmp_path: Path) -> N
     assert {(f[1], f[2]) for f in res} == {("4", "2")}, res  # back to 4 ranks in round 2
     assert len({f[3] for f in res}) == 1 and len({f[4] for f in res}) == 1, res
     assert float(res[0][6]) < float(res[0][5]) / 20, res  # it trained
-    assert f"blacklisting host {h1} for 3 s" in err, err
+    assert f"; blacklist failing host: {h1} (for 3 s)" in err, err
     assert "elastic reset 1: rank " in err and f"on host {h1} failed" in err
     assert f"world 1: 2 ranks ({h0}:2)" in err
     assert (

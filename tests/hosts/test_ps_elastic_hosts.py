@@ -51,16 +51,18 @@ def test_lost_host_of_workers_then_replacements_join_across_hosts(tmp_path: Path
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
         )
         assert proc.stdout is not None
-        lines: list[str] = []
+        # read with os.read, as communicate() does afterwards: a buffered readline could
+        # hold lines that arrived with READY, which communicate() would never see
+        head = b""
         try:
             sel = selectors.DefaultSelector()
             sel.register(proc.stdout, selectors.EVENT_READ)
             while sel.select(timeout=120):
-                line = proc.stdout.readline()
-                if not line:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
                     break
-                lines.append(line)
-                if "READY" in line:
+                head += chunk
+                if b"READY" in head:
                     assert kill_host(h0) >= 2  # workers 0 and 1 and their wrappers
                     break
             sel.close()
@@ -71,9 +73,9 @@ def test_lost_host_of_workers_then_replacements_join_across_hosts(tmp_path: Path
                 proc.wait()
     finally:
         hosts.close()
-    stdout = "".join(lines) + out
+    stdout = head.decode() + out
     assert proc.returncode == 0, err[-4000:]
-    assert f"blacklisting host {h0} for " in err, err[-4000:]
+    assert f"; blacklist failing host: {h0} (for " in err, err[-4000:]
     for wid in (0, 1):
         assert f"starting worker {wid} on host {h0} (replaces the lost worker" in err, err
     pulls: dict[int, set[str]] = {}

@@ -250,3 +250,48 @@ def test_elastic_workers_share_the_host_cores_too() -> None:
     for env in envs:
         assert {k: env.get(k) for k in THREAD_VARIABLES} == dict.fromkeys(THREAD_VARIABLES, share)
     assert sum("ranks share this host's" in ln for ln in r.stderr.splitlines()) == 1, r.stderr
+
+
+# remote hosts are simulated: the rsh agent is ``env``, which starts the remote wrapper
+# (python -m unison.launch.remote) here under another host name, as ssh would there
+FAKE_RSH = ["--rsh", "env UNISON_TEST_HOST={host}", "--store-addr", "127.0.0.1"]
+SHOW_HOST_ENV = SHOW_ENV.replace("'TF_NUM_'", "'TF_NUM_', 'HOROVOD_HOSTNAME'")
+
+
+def _by_host(r: subprocess.CompletedProcess[str]) -> dict[str, list[dict[str, str]]]:
+    out: dict[str, list[dict[str, str]]] = {}
+    for env in _envs(r.stdout):
+        out.setdefault(env["HOROVOD_HOSTNAME"], []).append(env)
+    return out
+
+
+@pytest.mark.parametrize("servers", [0, 1], ids=["elastic", "ps-elastic"])
+def test_elastic_and_ps_processes_on_every_host_get_that_hosts_share(servers: int) -> None:
+    """Elastic workers started through the remote shell, and the processes of an elastic
+    parameter-server job (servers and workers), get their own host's share of its cores:
+    the cores divided by the processes on that host; a host with one process (here
+    localhost) keeps the libraries' defaults; a thread count the user set is left alone."""
+    cores = usable_cores()
+    np_ = ["-np", "4", "--min-np", "4", "--max-np", "4"] if servers else ["-np", "3"]
+    np_ += ["--servers", "1"] if servers else ["--min-np", "3", "--max-np", "3"]
+    hosts = "localhost:2,fakehost:2" if servers else "localhost:1,fakehost:2"
+    r = _run(*np_, "-H", hosts, *FAKE_RSH, sys.executable, "-c", SHOW_HOST_ENV)
+    assert r.returncode == 0, r.stderr
+    by_host = _by_host(r)
+    assert sorted(by_host) == ["fakehost", "localhost"], r.stdout
+    for host, envs in by_host.items():
+        assert len(envs) == (2 if servers or host == "fakehost" else 1), r.stdout
+        want = dict.fromkeys(THREAD_VARIABLES, str(max(1, cores // 2)))
+        if len(envs) == 1:
+            want = dict.fromkeys(THREAD_VARIABLES)  # one process has the host
+        for env in envs:
+            assert {k: env.get(k) for k in THREAD_VARIABLES} == want, (host, env)
+    # the user's value wins on every host, for every knob, and nothing is said
+    r = _run(*np_, "-H", hosts, *FAKE_RSH, "-x", "OMP_NUM_THREADS=3",
+             sys.executable, "-c", SHOW_HOST_ENV)  # fmt: skip
+    assert r.returncode == 0 and "share this host" not in r.stderr, r.stderr
+    envs = [e for es in _by_host(r).values() for e in es]
+    assert len(envs) == (4 if servers else 3), r.stdout
+    for env in envs:
+        assert env["OMP_NUM_THREADS"] == "3", env
+        assert not any(k in env for k in THREAD_VARIABLES[1:]), env

@@ -61,8 +61,8 @@ def _check_job(r: subprocess.CompletedProcess[str], bsp: bool, cooldown: str) ->
     assert r.returncode == 0, r.stderr[-3000:]
     err = r.stderr
     assert (
-        f"blacklisting host localhost {cooldown}: worker 1 on host localhost failed "
-        "(killed by SIGKILL)" in err
+        "unison run: worker lost: worker 1 on host localhost failed (killed by SIGKILL); "
+        f"blacklist failing host: localhost ({cooldown})\n" in err
     ), err[-3000:]
     assert "starting worker 1 on host 127.0.0.1 (replaces the lost worker" in err
     assert "worker rank 1 left the job" in err  # the server took its clock out

@@ -20,6 +20,8 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison-col
 pytest.importorskip("torch", reason="the elastic job uses unison.torch")
 
 from unison.errors import UnsupportedError
+from unison.jobenv import usable_cores
+from unison.launch.rankenv import THREAD_VARIABLES
 from unison.ray import ElasticRayExecutor, RayExecutor
 
 
@@ -66,7 +68,7 @@ def elastic_train(steps: int, grow_back_to: int) -> dict[str, Any]:
     train(state)
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     out = {"rank": hvd.rank(), "size": hvd.size(), "round": elastic.current_round()}
-    out.update(step=state.step, params=flat)
+    out.update(step=state.step, params=flat, threads=os.environ.get("TF_NUM_INTRAOP_THREADS"))
     hvd.shutdown()
     return out
 
@@ -80,7 +82,9 @@ class Trainer:
 
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.timeout(240)
-def test_lost_worker_then_world_grows_back() -> None:
+def test_lost_worker_then_world_grows_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in THREAD_VARIABLES:  # the driver's user chose no thread count
+        monkeypatch.delenv(name, raising=False)
     ex = RayExecutor(None, min_workers=2, max_workers=3, cooldown_range=[1, 1], elastic_timeout=60)
     ex.start(executable_cls=Trainer, executable_args=[20])
     logged: list[dict[str, int]] = []
@@ -92,7 +96,10 @@ def test_lost_worker_then_world_grows_back() -> None:
     finally:
         ex.shutdown()
     assert log[0] == "world 0: 3 workers (start)"
-    assert any("rank 2" in line and "actor died" in line for line in log), log
+    assert any(
+        "rank 2" in line and "actor died" in line and "blacklist failing host: " in line
+        for line in log
+    ), log
     assert any(line.startswith("world 1: 2 workers") for line in log), log
     assert any("workers (new slots" in line for line in log), log
     assert [r["rank"] for r in results] == [0, 1, 2]
@@ -100,6 +107,9 @@ def test_lost_worker_then_world_grows_back() -> None:
     assert len({r["round"] for r in results}) == 1 and results[0]["round"] >= 2
     assert all(r["step"] >= 20 for r in results)
     assert all(r["params"] == results[0]["params"] for r in results)
+    # the one host (both Ray nodes here have one address) divides its cores among its 3
+    # workers: the first world's and the one started when the node came back alike
+    assert [r["threads"] for r in results] == [str(max(1, usable_cores() // 3))] * 3, results
     # the callback saw rank 0's values, from the last world too (whether the world of 2
     # completed a step before the node came back depends on the machine's load; the world
     # of 3 always makes at least one)

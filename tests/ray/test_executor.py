@@ -17,6 +17,8 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install 'unison-col
 import ray
 
 from unison.errors import LaunchError, UnisonError, UnsupportedError
+from unison.jobenv import usable_cores
+from unison.launch.rankenv import THREAD_VARIABLES
 from unison.ray import (
     RayExecutor,
     RayHostDiscovery,
@@ -52,6 +54,7 @@ def identity(_exe: Any) -> dict[str, str]:
         "MASTER_PORT",
         "UNISON_JOB_ID",
         "EXTRA",
+        *THREAD_VARIABLES,
     ]
     return {k: os.environ.get(k, "") for k in keys}
 
@@ -119,7 +122,11 @@ def log_values(scale: int) -> int:
     return rank
 
 
-def test_run_execute_collectives_and_failures() -> None:
+def test_run_execute_collectives_and_failures(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    for name in THREAD_VARIABLES:  # the driver's user chose no thread count
+        monkeypatch.delenv(name, raising=False)
     ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=SIZE)
     ex.start(
         executable_cls=Holder,
@@ -148,6 +155,13 @@ def test_run_execute_collectives_and_failures() -> None:
         assert len({e["MASTER_PORT"] for e in envs}) == 1
         assert {e["EXTRA"] for e in envs} == {"yes"}
         assert len(ex.workers) == SIZE
+        # torchrun's habit: the two Ray nodes here are one host (one address), so its
+        # cores are divided among all three ranks, every knob, said once
+        share = str(max(1, usable_cores() // SIZE))
+        for e in envs:
+            assert {k: e[k] for k in THREAD_VARIABLES} == dict.fromkeys(THREAD_VARIABLES, share)
+        said = [ln for ln in capfd.readouterr().err.splitlines() if "share this host" in ln]
+        assert len(said) == 1 and said[0].startswith("unison.ray: 3 ranks share"), said
 
         # execute gets the executable; run gets args/kwargs; results in rank order
         assert ex.execute(lambda h: h.value) == [14] * SIZE
@@ -235,8 +249,12 @@ def test_num_hosts_layout_and_placement_timeout() -> None:
         ex.shutdown()
     # use_gpu: one GPU per actor; each sees every GPU given to its node's actors (Horovod)
     gpu = RayExecutor(None, num_workers=3, use_gpu=True)
-    gpu.start()
+    gpu.start(extra_env_vars={"MKL_NUM_THREADS": "5"})  # the user chose: no share is set
     try:
+        threads = gpu.execute(lambda _: {k: os.environ.get(k) for k in THREAD_VARIABLES})
+        for t in threads:
+            assert t["MKL_NUM_THREADS"] == "5", t
+            assert t["OPENBLAS_NUM_THREADS"] is None is t["TF_NUM_INTRAOP_THREADS"], t
         seen = gpu.execute(lambda _: (os.environ["CUDA_VISIBLE_DEVICES"], ray.get_gpu_ids()))
         node_a = sorted(str(g) for _, ids in seen[:2] for g in ids)
         assert len(node_a) == 2 and len(set(node_a)) == 2

@@ -13,7 +13,14 @@ size. Each round is its own peer rendezvous in the same store.
 
 from __future__ import annotations
 
-from .discovery import Blacklist, FixedHosts, HostDiscovery, ScriptDiscovery, parse_hosts_output
+from .discovery import (
+    Blacklist,
+    FixedHosts,
+    HostDiscovery,
+    ScriptDiscovery,
+    blacklisted,
+    parse_hosts_output,
+)
 from .membership import Member, assign, plan
 from .rendezvous import Assignment, Round, cancel, latest_round, publish, read_round
 from .worker import ElasticWorker, current_round, enabled, hosts_updated, join, worker
@@ -28,6 +35,7 @@ __all__ = [
     "Round",
     "ScriptDiscovery",
     "assign",
+    "blacklisted",
     "cancel",
     "current_round",
     "enabled",

@@ -17,7 +17,14 @@ from typing import Protocol
 
 from ..errors import InvalidArgumentError, LaunchError
 
-__all__ = ["Blacklist", "FixedHosts", "HostDiscovery", "ScriptDiscovery", "parse_hosts_output"]
+__all__ = [
+    "Blacklist",
+    "FixedHosts",
+    "HostDiscovery",
+    "ScriptDiscovery",
+    "blacklisted",
+    "parse_hosts_output",
+]
 
 SCRIPT_TIMEOUT = 30.0  # seconds a discovery script may run
 
@@ -91,6 +98,14 @@ class ScriptDiscovery:
                 + (f" ({done.stderr.strip()})" if done.stderr else "")
             )
         return parse_hosts_output(done.stdout, self.default_slots)
+
+
+def blacklisted(host: str, delay: float | None) -> str:
+    """How a driver's log names a host it blacklisted for ``delay`` seconds (None: for
+    good), in Horovod's words, so a search for Horovod's line finds unison's too."""
+    return f"blacklist failing host: {host} (" + (
+        "for good)" if delay is None else f"for {delay:g} s)"
+    )
 
 
 class Blacklist:

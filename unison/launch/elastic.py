@@ -33,13 +33,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..elastic import Blacklist, HostDiscovery, Member, Round, assign, cancel, plan, publish
+from ..elastic import (
+    Blacklist,
+    HostDiscovery,
+    Member,
+    Round,
+    assign,
+    blacklisted,
+    cancel,
+    plan,
+    publish,
+)
 from ..errors import LaunchError
 from ..jobenv import usable_cores
 from ..store import TCPStore, TCPStoreServer
 from .hosts import DEFAULT_RSH, Slot, forwarded_environment, is_local, remote_argv
 from .output import OutputForwarder
-from .rankenv import rank_environment, thread_environment, thread_notice
+from .rankenv import rank_environment, thread_environment, thread_notice, thread_share
 from .supervise import RankProcess, describe_exit, start_rank, take_pipes
 
 __all__ = ["DISCOVERY_INTERVAL", "ElasticDriver"]
@@ -187,14 +197,15 @@ class ElasticDriver:
         host = w.member.host
         why = f"rank {w.member.rank} (worker {w.member.id}) on host {host} failed"
         why += f" ({describe_exit(rc)})"
-        delay = self.blacklist.add(host)
-        self._say(
-            f"blacklisting host {host} "
-            + ("for good" if delay is None else f"for {delay:g} s")
-            + f": {why}"
-        )
+        self._blacklist(host, why)
         self._end_workers_on(host)
         self._reform(why)
+
+    def _blacklist(self, host: str, why: str) -> None:
+        """Leave ``host`` out of the next worlds (for good, or for its cool-down), and say
+        so as every event is said: what happened, then what the driver does."""
+        delay = self.blacklist.add(host)
+        self._say(f"worker lost: {why}; {blacklisted(host, delay)}")
 
     def _on_discovery_tick(self) -> None:
         if self.succeeded:
@@ -301,13 +312,6 @@ class ElasticDriver:
             slot=Slot(m.rank, m.host, 0, 1, 0, 1),
             network_interface=self.network_interface,
         )
-        if is_local(m.host):  # torchrun's habit: the host's cores shared among its workers
-            n, cores = self.per_host.get(m.host, 1), usable_cores()
-            env.update(thread_environment(self.env, n, cores))
-            notice = thread_notice(self.env, n, cores)
-            if notice and not self.told_threads:
-                self.told_threads = True
-                self._say(notice)
         env["UNISON_ELASTIC_TIMEOUT"] = repr(float(self.elastic_timeout))
         if not servers:  # parameter-server jobs form no elastic rounds (unison.ps.join)
             env["UNISON_ELASTIC_ID"] = m.id
@@ -317,6 +321,16 @@ class ElasticDriver:
         seq = len(self.workers)
         assert m.rank is not None
         env = self._environment(m, size)
+        # torchrun's habit: each host's cores divided among its workers in the newest
+        # world; a remote host counts its own cores (the wrapper applies the share)
+        share = thread_share(self.env, self.per_host.get(m.host, 1))
+        if share and is_local(m.host):
+            cores = usable_cores()
+            env.update(thread_environment(self.env, share, cores))
+            notice = thread_notice(self.env, share, cores)
+            if notice and not self.told_threads:
+                self.told_threads = True
+                self._say(notice)
         if self.verbose:
             self._say(f"worker {m.id} on host {m.host}: {' '.join(self.command)}")
         try:
@@ -330,6 +344,7 @@ class ElasticDriver:
                     "host": m.host,
                     "store": list(self.store_addr),
                     "start_timeout": self.start_timeout or 30.0,
+                    "share_cores": share,
                 }
                 rp = start_rank(seq, remote_argv(self.rsh, m.host), self.env, "pipe", header)
         except OSError as exc:

@@ -79,6 +79,10 @@ class PsElasticDriver(ElasticDriver):
         if self.reset_limit is not None and self.resets + len(new_hosts) > self.reset_limit:
             self._fail(f"reset limit {self.reset_limit} exceeded ({reason})", 1)
             return
+        # a host's share of the cores counts the processes it runs once these start
+        self.per_host = {}
+        for h in [w.member.host for w in live] + new_hosts:
+            self.per_host[h] = self.per_host.get(h, 0) + 1
         for host in new_hosts:
             self.resets += 1
             what = "replaces the lost worker" if self.free_ids else "a new worker"
@@ -137,6 +141,7 @@ class PsElasticDriver(ElasticDriver):
             per[m.host] = per.get(m.host, 0) + 1
             if m.host not in self.host_order:
                 self.host_order.append(m.host)
+        self.per_host = per  # each host's cores are shared among its processes
         layout = ", ".join(f"{h}:{n}" for h, n in per.items())
         served = (
             f"1 server (rank {workers})"
@@ -187,12 +192,7 @@ class PsElasticDriver(ElasticDriver):
                 cancel_join(self.client, role.ticket, why)
         if w.ended_by_driver or self.failure is not None or self.succeeded:
             return
-        delay = self.blacklist.add(host)
-        self._say(
-            f"blacklisting host {host} "
-            + ("for good" if delay is None else f"for {delay:g} s")
-            + f": {why}"
-        )
+        self._blacklist(host, why)
         self.free_ids = sorted({*self.free_ids, role.index})
         self._reform(why)
 

@@ -52,7 +52,7 @@ from .hosts import (
 )
 from .options import configure_parser, free_port, parse_exports, resolve_np, stdin_ranks
 from .output import OutputForwarder
-from .rankenv import rank_environment, thread_environment, thread_notice, usable_cores
+from .rankenv import rank_environment, thread_notice, thread_share, usable_cores
 from .remote import StdinForwarder
 from .supervise import (
     Launch,
@@ -228,7 +228,7 @@ def run_job(
                 "start_timeout": start_timeout or 30.0,
                 "stdin": s.rank in stdin_ranks,
                 # the remote host divides its own cores among its ranks (thread counts)
-                "share_cores": s.local_size if thread_environment(base, s.local_size, 1) else 0,
+                "share_cores": thread_share(base, s.local_size),
             }
             launches.append(Launch(remote_argv(rsh, s.host), dict(base), "pipe", header))
         job = JobSupervisor(

@@ -15,6 +15,7 @@ __all__ = [
     "THREAD_VARIABLES",
     "rank_environment",
     "thread_environment",
+    "thread_share",
     "thread_notice",
     "usable_cores",
 ]
@@ -31,25 +32,42 @@ THREAD_VARIABLES = (
 )
 
 
+def thread_share(base: Mapping[str, str], local_size: int) -> int:
+    """How many ranks divide their host's cores among them: ``local_size``, or 0 when
+    the thread counts are left alone (one rank has the host, or ``base`` sets one of
+    :data:`THREAD_VARIABLES`: the user chose). A launcher that starts a rank on another
+    host, whose cores only that host knows, sends this number along; the process that
+    starts the rank there applies :func:`thread_environment` with its own core count."""
+    if local_size <= 1 or any(base.get(name) for name in THREAD_VARIABLES):
+        return 0
+    return local_size
+
+
 def thread_environment(base: Mapping[str, str], local_size: int, cores: int) -> dict[str, str]:
     """Each of :data:`THREAD_VARIABLES` set to ``cores // local_size`` (at least 1), for
-    a rank that shares its host with ``local_size - 1`` others; nothing when one rank has
-    the host or when ``base`` sets any of them (the user chose)."""
-    if local_size <= 1 or any(base.get(name) for name in THREAD_VARIABLES):
+    a rank that shares its host with ``local_size - 1`` others; nothing where
+    :func:`thread_share` says so (one rank has the host, or ``base`` sets any of them)."""
+    n = thread_share(base, local_size)
+    if not n:
         return {}
-    share = str(max(1, cores // local_size))
-    return dict.fromkeys(THREAD_VARIABLES, share)
+    return dict.fromkeys(THREAD_VARIABLES, str(max(1, cores // n)))
 
 
-def thread_notice(base: Mapping[str, str], local_size: int, cores: int) -> str | None:
-    """The one line the launcher prints when it sets the thread counts, else None."""
+def thread_notice(
+    base: Mapping[str, str],
+    local_size: int,
+    cores: int,
+    how: str = "-x OMP_NUM_THREADS=N",
+) -> str | None:
+    """The one line said when the thread counts are set, else None; ``how`` is the way
+    this launcher's user sets one of them."""
     threads = thread_environment(base, local_size, cores)
     if not threads:
         return None
     return (
         f"{local_size} ranks share this host's {cores} cores: each runs "
         f"OMP_NUM_THREADS={threads['OMP_NUM_THREADS']} (and MKL_, OPENBLAS_, "
-        "TF_NUM_INTRAOP_THREADS); set one of them (-x OMP_NUM_THREADS=N) to choose"
+        f"TF_NUM_INTRAOP_THREADS); set one of them ({how}) to choose"
     )
 
 

@@ -13,8 +13,10 @@ than ``min_workers`` for ``elastic_timeout`` seconds fails the job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -24,10 +26,10 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..elastic import Blacklist, Member, Round, assign, cancel, plan, publish
+from ..elastic import Blacklist, Member, Round, assign, blacklisted, cancel, plan, publish
 from ..errors import LaunchError, UnsupportedError
 from ..launch.hosts import Slot
-from ..launch.rankenv import rank_environment
+from ..launch.rankenv import rank_environment, thread_share
 from ..log import get_logger
 from ..store import TCPStore, TCPStoreServer
 from ..transport.shm_segment import cleanup_job
@@ -39,6 +41,7 @@ __all__ = ["ElasticRayExecutor", "ElasticSettings"]
 
 _log = get_logger("ray")
 DISCOVERY_INTERVAL = 1.0  # seconds between looks at Ray's node membership
+NOTICE_WAIT = 30.0  # seconds the first shared worker may take to say its thread count
 
 
 @dataclass
@@ -172,6 +175,8 @@ class ElasticRayExecutor:
         self._succeeded = False
         self._job_id = ""
         self._pending = ""
+        self._told_threads = False
+        self._node_ip: dict[str, str] = {}  # Ray node id -> its address (its host)
 
     # --- membership ---------------------------------------------------------------------
     def _nodes(self) -> dict[str, int]:
@@ -179,6 +184,8 @@ class ElasticRayExecutor:
         settings.discovery lists, by node address, with override_discovery=False)."""
         out: dict[str, int] = {}
         alive = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        for node in alive:
+            self._node_ip[str(node["NodeID"])] = str(node["NodeManagerAddress"])
         if self.discovery is not None:
             listed = self.discovery.find_available_hosts_and_slots()
             for node in alive:
@@ -276,12 +283,17 @@ class ElasticRayExecutor:
         self._note(f"world {self.round}: {len(ranks)} workers ({reason})")
         for w in live:
             w.member.rank = ranks[w.member.id].rank
+        # a host's cores are divided among its workers (Ray nodes at one address share it)
+        per_host: dict[str, int] = {}
+        for a in ranks.values():
+            ip = self._node_ip.get(a.host, a.host)
+            per_host[ip] = per_host.get(ip, 0) + 1
         for m in fresh:
             m.rank = ranks[m.id].rank
-            self._start_worker(m, len(ranks))
+            self._start_worker(m, len(ranks), per_host[self._node_ip.get(m.host, m.host)])
         return True
 
-    def _start_worker(self, m: Member, size: int) -> None:
+    def _start_worker(self, m: Member, size: int, on_host: int = 1) -> None:
         assert m.rank is not None
         actor: Any = (
             ray.remote(UnisonRayWorker)
@@ -304,7 +316,16 @@ class ElasticRayExecutor:
         env["UNISON_ELASTIC_ID"] = m.id
         env["UNISON_ELASTIC_TIMEOUT"] = repr(self.elastic_timeout)
         env.update(self._extra)
-        actor.update_env_vars.remote(env)  # ordered before any later call on this actor
+        # torchrun's habit, as unison run: the host's cores divided among its workers of
+        # this world, unless the user set a thread count (see RayExecutor)
+        share = thread_share({**os.environ, **self._extra}, on_host)
+        told = actor.update_env_vars.remote(env, share)  # ordered before any later call
+        if share and not self._told_threads:
+            self._told_threads = True
+            with contextlib.suppress(Exception):  # a notice: never worth failing the start
+                notice = ray.get(told, timeout=NOTICE_WAIT)
+                if notice:
+                    sys.stderr.write(f"unison.ray: {notice}\n")
         w = _Worker(m, actor)
         self.workers.append(w)
         cls, cls_args, cls_kwargs = self._executable
@@ -400,10 +421,9 @@ class ElasticRayExecutor:
 
     def _lost(self, w: _Worker) -> None:
         delay = self.blacklist.add(w.member.host)
-        how = "for good" if delay is None else f"for {delay:g} s"
         self._pending = (
-            f"rank {w.member.rank} (worker {w.member.id}) lost: its actor died; node "
-            f"{w.member.host[:8]} blacklisted {how}"
+            f"worker lost: rank {w.member.rank} (worker {w.member.id}): its actor died; "
+            + blacklisted(w.member.host[:8], delay)
         )
         self._note(self._pending)
         w.actor = None

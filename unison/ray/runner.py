@@ -19,8 +19,10 @@ shut down, so nothing is left running.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ from ..errors import (
     PeerLostError,
 )
 from ..jobenv import FAILURE_KEY, parse_failure_record
-from ..launch.rankenv import rank_environment
+from ..launch.rankenv import rank_environment, thread_share
 from ..store import TCPStoreServer
 from ..transport.shm_segment import cleanup_job
 from .errors import RayStartTimeoutError, RayWorkerLostError
@@ -276,10 +278,23 @@ class RayExecutor:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(per_node[place.slots[r].cross_rank])
         for env in envs:
             env.update(extra)
-        self._wait(
-            [a.update_env_vars.remote(e) for a, e in zip(place.actors, envs, strict=True)],
+        # torchrun's habit, as unison run: each host's cores divided among its ranks
+        # (Ray nodes at one address share a host), unless the user set a thread count (in
+        # this process's environment, which a local cluster's workers inherit, or in the
+        # variables given to the workers)
+        chosen = {**os.environ, **extra}
+        on_host = {ip: place.ips.count(ip) for ip in place.ips}
+        notices = self._wait(
+            [
+                a.update_env_vars.remote(e, thread_share(chosen, on_host[place.ips[r]]))
+                for r, (a, e) in enumerate(zip(place.actors, envs, strict=True))
+            ],
             "update_env_vars",
         )
+        said = next((n for n in notices if n), None)
+        if said:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(f"unison.ray: {said}\n")
 
     def shutdown(self) -> None:
         """Kill the actors, remove the placement group, stop the store."""

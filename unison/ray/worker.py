@@ -18,7 +18,10 @@ from typing import Any
 
 from ..errors import LaunchError
 
-__all__ = ["UnisonRayWorker"]
+__all__ = ["THREADS_HOW", "UnisonRayWorker"]
+
+#: how a Ray user chooses the thread counts (the notice's hint)
+THREADS_HOW = "env_vars / extra_env_vars, or the driver's environment"
 
 
 def _leave_job() -> None:
@@ -65,9 +68,23 @@ class UnisonRayWorker:
             s.bind(("", 0))
             return int(s.getsockname()[1])
 
-    def update_env_vars(self, env_vars: Mapping[str, object]) -> None:
-        """Set environment variables in this actor's process."""
+    def update_env_vars(self, env_vars: Mapping[str, object], share_cores: int = 0) -> str | None:
+        """Set environment variables in this actor's process. ``share_cores``: the ranks
+        on this node that divide its cores among them as their thread counts (the
+        driver's :func:`~unison.launch.rankenv.thread_share`; 0 leaves them alone), as
+        ``unison run`` does; returns the notice saying so, or None. Call it before the
+        rank's function imports its framework (the counts are read at import)."""
+        from ..jobenv import usable_cores
+        from ..launch.rankenv import thread_environment, thread_notice
+
         os.environ.update({str(k): str(v) for k, v in env_vars.items()})
+        if not share_cores:
+            return None
+        # Ray's own OMP_NUM_THREADS (its per-actor default) is not the user's choice:
+        # the driver made that call with the user's variables
+        cores = usable_cores()
+        os.environ.update(thread_environment({}, share_cores, cores))
+        return thread_notice({}, share_cores, cores, how=THREADS_HOW)
 
     def env_vars(self) -> dict[str, str]:
         """This actor's environment."""
