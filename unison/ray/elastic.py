@@ -202,9 +202,10 @@ class ElasticRayExecutor:
         return out
 
     def _note(self, text: str) -> None:
-        """Every world and every loss, with its reason: kept in ``log`` and logged."""
+        """Every world and every loss, with its reason: kept in ``log`` and logged at INFO
+        (a handled event: nothing for the user to do)."""
         self.log.append(text)
-        _log.warning("unison.ray elastic: %s", text)
+        _log.info("unison.ray elastic: %s", text)  # handled recovery: INFO
 
     def _live(self) -> list[_Worker]:
         return [w for w in self.workers if w.actor is not None]
