@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -167,11 +168,10 @@ class Runtime:
             resolve = self._arena_pending.pop(gid, None)
             if resolve is None:
                 return
-            ex = self.executors[gid]
-            # the group's own deadline (new_group(timeout=...)), as its collectives have
-            arena = resolve(ex.group.config.timeout, coll)
+            arena = resolve(time.monotonic() + self.config.timeout, coll)
             if arena is None:
                 return
+            ex = self.executors[gid]
             link = ex.topo.link
             if isinstance(link, SharedLink):
                 link = replace(link, half=arena.half)  # the cost model's rounds are the arena's

@@ -74,18 +74,14 @@ class SetupExchange:
             sends.append(self.tcp.isend(p, key, out, OpSig(), deadline))
         return Posted(bufs, recvs, sends)
 
-    def collect(
-        self, posted: Posted, deadline: float, op: str, timeout: float | None = None
-    ) -> dict[int, dict[str, object]]:
-        """Finish an exchange :meth:`post` started: every peer's message. ``timeout``:
-        the seconds the deadline stands for, named in the error."""
+    def collect(self, posted: Posted, deadline: float, op: str) -> dict[int, dict[str, object]]:
+        """Finish an exchange :meth:`post` started: every peer's message."""
         got: dict[int, dict[str, object]] = {}
         for p, req in list(posted.recvs.items()) + [(-1, s) for s in posted.sends]:
             if not req.wait(max(0.0, deadline - time.monotonic())):
                 what = "the transport set-up" if op == "init" else "the shared-arena set-up"
-                after = f" after {timeout:g}s" if timeout is not None else ""
                 raise CollectiveTimeoutError(
-                    f"{op}: rank {req.peer} did not answer {what}{after} (rank {self.rank})",
+                    f"{op}: rank {req.peer} did not answer {what} (rank {self.rank})",
                     op=op,
                     ranks=[req.peer],
                 )

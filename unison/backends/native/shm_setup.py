@@ -241,21 +241,21 @@ class ShmSetup:
     def group_arena(
         self, gid: int, ranks: Sequence[int]
     ) -> Callable[[float, str], Arena | None] | None:
-        """How a member settles the shared arena of sub-group ``gid`` (global ``ranks``,
-        sorted): None where it has none (the same answer on every member: the job
-        shares one host, every rank mapped the same sub-group regions, the id has a
-        slot region), else a function that gives the arena, or None, the same on every
+        """Start setting up the shared arena of sub-group ``gid`` (global ``ranks``,
+        sorted) for a member: None where it has none (the same answer on every member:
+        the job shares one host, every rank mapped the same sub-group regions, the id has
+        a slot region), else a function that gives the arena, or None, the same on every
         member: whether every member could allocate its part.
 
-        Nothing is allocated when the group is made: many groups (a test suite's, a
-        framework's set-up) never run a collective large enough to use an arena. The
-        function is called before the group's first collective that chooses an
-        algorithm, at the same point on every member, with the group's timeout
-        (seconds) and the collective's name for errors: each member then allocates its
-        own part of the arena in its segment (resident nowhere until a round touches
-        it), tells the others whether that succeeded and waits for their answers;
-        nothing touches the arena unless every member's part is allocated (no SIGBUS
-        on a short /dev/shm: the group takes the message-based algorithms)."""
+        Called by every member when the group is made: each allocates its own part of
+        the group's arena in its segment (the pages are then resident nowhere until a
+        round touches them) and sends the others whether that succeeded, without waiting
+        (a member may make a group its peers never use: elastic joiners). The function
+        is called before the group's first collective that may choose an algorithm
+        (every member is then making, or has made, the group), with its deadline and the
+        collective's name for errors, and waits for the peers' answers; nothing touches
+        the arena unless every member's part is allocated (no SIGBUS on a short
+        /dev/shm: the group takes the message-based algorithms)."""
         nb = self._garena_bytes()
         if (
             gid <= 0
@@ -267,23 +267,23 @@ class ShmSetup:
         ):
             return None
         off = (gid - 1) * nb
-        peers = [r for r in ranks if r != self.rank]
-
-        def resolve(timeout: float, op: str) -> Arena | None:
-            deadline = time.monotonic() + timeout
-            ok, why = True, ""
-            if self._own is not None:
-                try:
-                    self._allocate(self._own, self._garena_at + off, nb, f"arena of group {gid}")
-                except OSError as exc:
-                    ok, why = False, str(exc)
-            else:
-                ok, why = False, "no segment of its own"
-            posted = self.messages.post(
-                peers, GROUP_ARENA + gid, {p: {"ok": ok} for p in peers}, deadline
-            )
+        ok, why = True, ""
+        if self._own is not None:
             try:
-                told = self.messages.collect(posted, deadline, op, timeout)
+                self._allocate(self._own, self._garena_at + off, nb, f"arena of group {gid}")
+            except OSError as exc:
+                ok, why = False, str(exc)
+        else:
+            ok, why = False, "no segment of its own"
+        peers = [r for r in ranks if r != self.rank]
+        deadline = time.monotonic() + self.config.timeout
+        posted = self.messages.post(
+            peers, GROUP_ARENA + gid, {p: {"ok": ok} for p in peers}, deadline
+        )
+
+        def resolve(deadline: float, op: str) -> Arena | None:
+            try:
+                told = self.messages.collect(posted, deadline, op)
             except ValueError:  # an empty answer: the peer was lost; the group fails
                 told = {}
             lacking = sorted(
