@@ -206,6 +206,7 @@ def all_gather(comm: Group, out_list: Any, buf: Any, async_op: bool) -> Work | N
     outs = _list(comm, out_list, "all_gather output list", b, writable=True)
     blocks = [o.array for o in outs]
     if ct is not None and not async_op:
+        key: tuple[Any, ...]
         if type(buf) is np.ndarray and buf.flags.c_contiguous:
             # the key the check above finds on later calls of this signature
             arr, key = buf, (OpCode.ALL_GATHER, "list", buf.dtype, buf.shape)
@@ -315,6 +316,7 @@ def reduce_scatter(comm: Group, out: Any, in_list: Any, op: Any, async_op: bool)
     ins = _list(comm, in_list, "reduce_scatter input list", o, writable=False)
     blocks = [i.array for i in ins]
     if ct is not None and not async_op:
+        key: tuple[Any, ...]
         if type(out) is np.ndarray and out.flags.c_contiguous:
             # the key the check above finds on later calls of this signature
             arr, key = out, (OpCode.REDUCE_SCATTER, "list", out.dtype, out.shape, rop)

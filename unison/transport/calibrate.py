@@ -416,9 +416,7 @@ def main(args: argparse.Namespace | None = None) -> int:
     return 0
 
 
-def install(
-    env: Mapping[str, str] | None = None, cal: Calibration | None = None
-) -> Calibration:
+def install(env: Mapping[str, str] | None = None, cal: Calibration | None = None) -> Calibration:
     """Give this host's model (``cal``, default :func:`load`'s: the cache, else
     :func:`typical`) to :mod:`unison.link`; call it where every rank shares the host.
     Never measures. Returns what was installed."""
