@@ -160,3 +160,20 @@ def test_wait_policy_learns_from_response_times() -> None:
     for _ in range(80):  # fast again: the policy comes back to spinning
         p.observe(4e-6)
     assert 0 < p.spin_s <= SPIN_CAP_S
+
+
+def _knob_on_rank0_only() -> float:
+    import os
+
+    if os.environ["UNISON_RANK"] == "0":
+        os.environ["UNISON_SHM_ALPHA"] = "3e-6"  # this rank's model differs from its peer's
+    hop, _ = _init_reads_the_model()
+    return hop
+
+
+@pytest.mark.timeout(120)
+def test_ranks_whose_models_differ_all_take_the_typical_figures(tmp_path: Path) -> None:
+    env = {"UNISON_LINK_CACHE": str(tmp_path)}
+    outs = run_ranks(_knob_on_rank0_only, 2, env=env, init=False, timeout=90)
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
+    assert [o.value for o in outs] == [calibrate.typical({}).shm.alpha] * 2

@@ -129,11 +129,14 @@ class Fabric:
         self._shared_job = mine and all(bool(told[p].get("shm")) for p in peers)
         if self._shared_job:
             # one host, one cache file: every rank installs the same link, unless a
-            # calibration replaced the file between two ranks' reads (then all take
-            # the typical figures, the same everywhere)
+            # calibration replaced the file between two ranks' reads or their knobs
+            # differ (then all take the typical figures without knobs: the same everywhere)
             if any(told[p].get("model") != mine_model for p in peers):
-                log.info("ranks read different link models (a calibration ran meanwhile)")
-                cal = calibrate.typical()
+                log.info(
+                    "ranks read different link models (a calibration ran meanwhile, or "
+                    "UNISON_* link knobs differ between ranks); using the typical figures"
+                )
+                cal = calibrate.typical({})
             calibrate.install(cal=cal)
             self.shm_setup.share_world(len(peers) + 1)
         if log.isEnabledFor(10):  # DEBUG: the choice table every rank computes alike
