@@ -171,3 +171,37 @@ def test_out_of_cache_rates_apply_above_the_cache() -> None:
         all_gather_cma.cost(2, n, cold)
     )
     assert all_gather_shm.cost(2, n, cold) > all_gather_shm.cost(2, n, hot)
+
+
+def test_uncalibrated_host_picks_what_a_measured_one_does() -> None:
+    """Without a calibration (init never measures) the typical figures must still lead
+    to the direct shared-memory and single-copy algorithms; the older default link
+    (no copy, reduction or cross-memory rates) chose the ring for every all-gather."""
+    from unison import link as linkmodel
+    from unison.transport import calibrate
+
+    try:
+        calibrate.install(cal=calibrate.typical({}))
+        shared = linkmodel.shared_link(slots=True)
+        topo = Topology.of(shared, 2)
+        picks = {
+            (coll, n): choose(coll, 2, n, topo, {}).name
+            for coll, n in [
+                ("all_reduce", 8),
+                ("all_reduce", 1 << 20),
+                ("all_gather", 1 << 20),
+                ("all_gather", 16 << 20),
+                ("reduce_scatter", 1 << 20),
+                ("broadcast", 1 << 20),
+            ]
+        }
+    finally:
+        linkmodel.clear_measured()
+    assert picks == {
+        ("all_reduce", 8): "recursive_doubling",
+        ("all_reduce", 1 << 20): "shm_one",
+        ("all_gather", 1 << 20): "shm",
+        ("all_gather", 16 << 20): "cma",
+        ("reduce_scatter", 1 << 20): "shm",
+        ("broadcast", 1 << 20): "shm",
+    }

@@ -85,3 +85,34 @@ def test_barrier_rows_for_every_peer(tmp_path) -> None:  # type: ignore[no-untyp
     rows = json.loads(out.read_text())["rows"]
     assert sorted(r["impl"] for r in rows) == sorted(["unison", *peers])
     assert all(r["op"] == "barrier" and r["size"] == 0 and r["time_us"] > 0 for r in rows)
+
+
+def test_list_form_cases_are_views_of_the_flat_buffers() -> None:
+    import numpy as np
+
+    c = Case("all_gather_list", 1000, np.dtype(np.float32), 0, 4)
+    assert (c.count, len(c.blocks)) == (1000, 4)
+    assert all(np.shares_memory(b, c.bufs["out"]) and b.size == 250 for b in c.blocks)
+    c = Case("reduce_scatter_list", 1000, np.dtype(np.float32), 1, 4)
+    assert all(np.shares_memory(b, c.bufs["inp"]) and b.size == 250 for b in c.blocks)
+    assert bus_factor("all_gather_list", 4) == bus_factor("all_gather", 4)
+
+
+@pytest.mark.timeout(120)
+def test_list_forms_are_rows_named_in_ops_not_in_all(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from unison.bench import OPS
+    from unison.launch.cli import main
+
+    assert "all_gather_list" not in OPS  # `--ops all` keeps the tensor forms only
+    out = tmp_path / "b.json"
+    argv = ["bench", "-np", "2", "--ops", "all_gather_list,reduce_scatter_list", "--sizes",
+            "8,64K", "--iters", "3", "--warmup", "1", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["impl"] == "unison"]
+    assert sorted((r["op"], r["size"]) for r in rows) == [
+        ("all_gather_list", 8),
+        ("all_gather_list", 65536),
+        ("reduce_scatter_list", 8),
+        ("reduce_scatter_list", 65536),
+    ]
+    assert all(r["correct"] and r["time_us"] > 0 for r in rows)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import unison as un
+from unison import link as linkmodel
+from unison.testing import run_ranks
 from unison.transport import calibrate
 from unison.transport.wait_policy import SPIN_CAP_S, YIELD_CAP_S, WaitPolicy
 
@@ -15,7 +20,12 @@ from unison.transport.wait_policy import SPIN_CAP_S, YIELD_CAP_S, WaitPolicy
 def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     env = {"UNISON_LINK_CACHE": str(tmp_path)}
     calibrate._memo.clear()
-    cal = calibrate.load(env)
+    # reading never measures: without a cache, the typical figures (not remembered)
+    monkeypatch.setattr(calibrate, "measure", lambda: pytest.fail("measured on a read"))
+    assert calibrate.load(env) == calibrate.typical(env)
+    assert not list(tmp_path.iterdir())
+    monkeypatch.undo()
+    cal = calibrate.load(env, measure_missing=True)
     assert cal.source.startswith("measured")
     for tr in ("shm", "tcp"):
         p = cal.link(tr)
@@ -45,8 +55,6 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
     assert (synced.sync, synced.sync_crowded) == (7e-6, 9e-5) and "overrides" in synced.source
 
     # install hands it to the one link model that selection and cost() read
-    from unison import link as linkmodel
-
     try:
         assert calibrate.install({**env, "UNISON_CALL_OVERHEAD": "1e-5"}) is not None
         shm = linkmodel.transport_link("shm")
@@ -95,6 +103,39 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
     assert calibrate.cache_path({"UNISON_LINK_CACHE": "off"}) is None
 
 
+def _init_reads_the_model() -> tuple[float, float]:
+    def refuse() -> calibrate.Calibration:
+        raise AssertionError("unison.init measured the host")
+
+    calibrate.measure = refuse  # this rank's process only (forked)
+    t = __import__("time").perf_counter()
+    un.init()
+    took = __import__("time").perf_counter() - t
+    x = np.full(1000, un.rank() + 1.0, np.float32)
+    un.all_reduce(x)
+    assert (x == 3.0).all(), x[:4]
+    return linkmodel.transport_link("shm").hop, took
+
+
+@pytest.mark.timeout(120)
+def test_init_never_measures_reads_the_cache_else_typical(tmp_path: Path) -> None:
+    env = {"UNISON_LINK_CACHE": str(tmp_path)}
+    outs = run_ranks(_init_reads_the_model, 2, env=env, init=False, timeout=90)
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
+    # no cache: the typical host's figures, and nothing written (nothing was measured)
+    assert [o.value[0] for o in outs] == [calibrate.typical(env).shm.alpha] * 2
+    assert not list(tmp_path.glob("*.json"))
+    # a cache (as `unison bench --calibrate` writes it): every rank installs it
+    cached = dataclasses.replace(calibrate.typical(env), shm=calibrate.LinkParams(3e-6, 1e-10))
+    path = calibrate.cache_path(env)
+    assert path is not None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cached.to_json()))
+    outs = run_ranks(_init_reads_the_model, 2, env=env, init=False, timeout=90)
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
+    assert [o.value[0] for o in outs] == [3e-6, 3e-6]
+
+
 def test_wait_policy_oversubscribed_yields_at_once() -> None:
     p = WaitPolicy(oversubscribed=True)
     assert p.spin_s == 0.0 and 0 < p.yield_s <= YIELD_CAP_S
@@ -119,3 +160,20 @@ def test_wait_policy_learns_from_response_times() -> None:
     for _ in range(80):  # fast again: the policy comes back to spinning
         p.observe(4e-6)
     assert 0 < p.spin_s <= SPIN_CAP_S
+
+
+def _knob_on_rank0_only() -> float:
+    import os
+
+    if os.environ["UNISON_RANK"] == "0":
+        os.environ["UNISON_SHM_ALPHA"] = "3e-6"  # this rank's model differs from its peer's
+    hop, _ = _init_reads_the_model()
+    return hop
+
+
+@pytest.mark.timeout(120)
+def test_ranks_whose_models_differ_all_take_the_typical_figures(tmp_path: Path) -> None:
+    env = {"UNISON_LINK_CACHE": str(tmp_path)}
+    outs = run_ranks(_knob_on_rank0_only, 2, env=env, init=False, timeout=90)
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs)
+    assert [o.value for o in outs] == [calibrate.typical({}).shm.alpha] * 2

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .spec import LIST_OPS, base_op
+
 __all__ = ["Backend", "Case", "make_backend"]
 
 
@@ -33,6 +35,7 @@ class Case:
 
     def __init__(self, op: str, count: int, dtype: np.dtype, rank: int, size: int) -> None:
         self.op, self.rank, self.size, self.dtype = op, rank, size, dtype
+        op = base_op(op)  # a list form: the same buffers, its blocks views of them
         p, r = size, rank
         m = count // p if op in ("all_gather", "reduce_scatter", "all_to_all") else count
         self.count = m * p if op in ("all_gather", "reduce_scatter", "all_to_all") else m
@@ -52,12 +55,18 @@ class Case:
             self.bufs["send"] = np.zeros(m, dtype)
             self.bufs["recv"] = np.zeros(m, dtype)
         self.m = m
+        #: the list forms' blocks: contiguous views of the flat buffer, one per rank
+        self.blocks: list[np.ndarray] = []
+        if self.op == "all_gather_list":
+            self.blocks = [self.bufs["out"][q * m : (q + 1) * m] for q in range(p)]
+        elif self.op == "reduce_scatter_list":
+            self.blocks = [self.bufs["inp"][q * m : (q + 1) * m] for q in range(p)]
         self.left, self.right = (r - 1) % p, (r + 1) % p
         self.run: Callable[[], None] = lambda: None
 
     def _fill(self) -> tuple[str, np.ndarray]:
         p, r, m, dt = self.size, self.rank, self.m, self.dtype
-        op = self.op
+        op = base_op(self.op)
         if op == "all_reduce":
             self.bufs["x"][:] = pattern(r, m, dt)
             return "x", _summed(p, 0, m, dt)
@@ -142,6 +151,10 @@ class UnisonBackend(Backend):
             case.run = lambda: un.all_gather_into_tensor(b["out"], b["inp"])
         elif op == "reduce_scatter":
             case.run = lambda: un.reduce_scatter_tensor(b["out"], b["inp"])
+        elif op == "all_gather_list":
+            case.run = lambda: un.all_gather(case.blocks, b["inp"])
+        elif op == "reduce_scatter_list":
+            case.run = lambda: un.reduce_scatter(b["out"], case.blocks)
         elif op == "all_to_all":
             case.run = lambda: un.all_to_all_single(b["out"], b["inp"])
         elif op == "barrier":
@@ -197,6 +210,12 @@ class GlooBackend(Backend):
             case.run = lambda: dist.all_gather_into_tensor(t["out"], t["inp"])
         elif op == "reduce_scatter":
             case.run = lambda: dist.reduce_scatter_tensor(t["out"], t["inp"])
+        elif op in ("all_gather_list", "reduce_scatter_list"):
+            blocks = [self.torch.from_numpy(x) for x in case.blocks]
+            if op == "all_gather_list":
+                case.run = lambda: dist.all_gather(blocks, t["inp"])
+            else:
+                case.run = lambda: dist.reduce_scatter(t["out"], blocks)
         elif op == "all_to_all":
             case.run = lambda: dist.all_to_all_single(t["out"], t["inp"])
         elif op == "barrier":
@@ -246,6 +265,8 @@ class MpiBackend(Backend):
             case.run = lambda: c.Allgather(b["inp"], b["out"])
         elif op == "reduce_scatter":
             case.run = lambda: c.Reduce_scatter_block(b["inp"], b["out"])
+        elif op in LIST_OPS:
+            return "MPI has no list form"
         elif op == "all_to_all":
             case.run = lambda: c.Alltoall(b["inp"], b["out"])
         elif op == "barrier":

@@ -33,7 +33,7 @@ from .._version import __version__, install_hint
 from ..errors import InvalidArgumentError
 from ..jobenv import usable_cores
 from .report import legend, plot, row_header, row_line, summary_line, table, write_json
-from .spec import DTYPES, OPS, BenchSpec, parse_size, parse_sizes
+from .spec import DTYPES, LIST_OPS, OPS, BenchSpec, parse_size, parse_sizes
 
 __all__ = ["busy", "configure_parser", "main", "run_impl"]
 
@@ -45,7 +45,12 @@ BUSY_LOAD_PER_CORE = 0.3
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-np", "--np", type=int, default=2, help="number of ranks (default 2)")
-    p.add_argument("--ops", default="all_reduce", help=f"comma list of {','.join(OPS)} or all")
+    p.add_argument(
+        "--ops",
+        default="all_reduce",
+        help=f"comma list of {','.join(OPS)} or all; also the list forms "
+        f"{','.join(LIST_OPS)} (not in all)",
+    )
     p.add_argument(
         "--sizes", default=None, help=f"lo:hi (times -f) or a list (default {DEFAULT_SIZES})"
     )
@@ -296,7 +301,7 @@ def _main(args: argparse.Namespace) -> int:
 
         return calibrate(args)
     ops = OPS if args.ops == "all" else tuple(o.strip() for o in args.ops.split(",") if o.strip())
-    bad = [o for o in ops if o not in OPS]
+    bad = [o for o in ops if o not in OPS + LIST_OPS]
     if args.iters < 0 or args.warmup < 0 or args.check < 0 or args.timeout <= 0:
         raise InvalidArgumentError("-n/-w/-c must be >= 0 and --timeout > 0")
     if bad or args.np < 1:

@@ -17,7 +17,17 @@ from dataclasses import asdict, dataclass
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["DTYPES", "OPS", "BenchSpec", "bus_factor", "default_iters", "parse_size", "parse_sizes"]
+__all__ = [
+    "DTYPES",
+    "LIST_OPS",
+    "OPS",
+    "BenchSpec",
+    "base_op",
+    "bus_factor",
+    "default_iters",
+    "parse_size",
+    "parse_sizes",
+]
 
 OPS = (
     "all_reduce",
@@ -28,11 +38,20 @@ OPS = (
     "sendrecv",
     "barrier",
 )
+#: the list forms (all_gather into a list of blocks, reduce_scatter from one): named in
+#: ``--ops`` only (not in ``all``); the same bytes and result as their base operation
+LIST_OPS = ("all_gather_list", "reduce_scatter_list")
 DTYPES = ("float32", "float64", "float16", "int32", "int64")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
+def base_op(op: str) -> str:
+    """The operation a list form computes (``all_gather_list`` → ``all_gather``)."""
+    return op.removesuffix("_list")
+
+
 def bus_factor(op: str, n: int) -> float:
+    op = base_op(op)
     if op == "all_reduce":
         return 2 * (n - 1) / n if n > 1 else 1.0
     if op in ("all_gather", "reduce_scatter", "all_to_all"):

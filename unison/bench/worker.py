@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .backends import Case, make_backend
-from .spec import BenchSpec, bus_factor
+from .spec import BenchSpec, base_op, bus_factor
 
 __all__ = ["main", "peak_rss", "reset_peak_rss"]
 
@@ -85,7 +85,7 @@ def sweep(
                     bar.set_postfix_str(f"{op} {size}B")
                     bar.update(1)
                 count = size // dtype.itemsize
-                parts = p if op in ("all_gather", "reduce_scatter", "all_to_all") else 1
+                parts = p if base_op(op) in ("all_gather", "reduce_scatter", "all_to_all") else 1
                 if (count < parts or count == 0) and op != "barrier":
                     row["skipped"] = "size below one element per rank"
                     done(row)

@@ -175,16 +175,47 @@ def _allgather_submit(
     return issue(comm.backend.all_gather(comm, b, blocks, result), async_op, outputs)
 
 
+def _plain_blocks(items: Any, parts: int, ref: np.ndarray, writable: bool) -> bool:
+    """Whether ``items`` is a list of ``parts`` plain numpy arrays, each of ``ref``'s
+    dtype and size, contiguous (and writable: ``writable``), which a list form's
+    prepared call takes as they are (the check of what can change between calls of one
+    validated signature)."""
+    if type(items) is not list or len(items) != parts:
+        return False
+    dtype, size = ref.dtype, ref.size
+    for x in items:
+        if type(x) is not np.ndarray or x.dtype != dtype or x.size != size:
+            return False
+        flags = x.flags
+        if not flags.c_contiguous or (writable and not flags.writeable):
+            return False
+    return True
+
+
 def all_gather(comm: Group, out_list: Any, buf: Any, async_op: bool) -> Work | None:
+    ct = comm.caller_thread
+    if ct is not None and not async_op and type(buf) is np.ndarray:
+        call = ct.calls.get((OpCode.ALL_GATHER, "list", buf.dtype, buf.shape))  # validated
+        if (
+            call is not None
+            and buf.flags.c_contiguous
+            and _plain_blocks(out_list, comm.size, buf, writable=True)
+            and ct.run(call, buf, out_list)
+        ):
+            return None
     comm.require_member("all_gather")
     b = _as(comm, buf, "all_gather buffer", writable=False)
     outs = _list(comm, out_list, "all_gather output list", b, writable=True)
     blocks = [o.array for o in outs]
-    ct = comm.caller_thread
     if ct is not None and not async_op and b.declared is None:
-        key = (OpCode.ALL_GATHER, "list", b.dtype, b.array.dtype, b.count)
-        call = ct.prepared(key, OpCode.ALL_GATHER, b.array, b.nbytes, b.dtype, gather_list=True)
-        if call is not None and ct.run(call, b.array, blocks):
+        key: tuple[Any, ...]
+        if type(buf) is np.ndarray and buf.flags.c_contiguous:
+            # the key the check above finds on later calls of this signature
+            arr, key = buf, (OpCode.ALL_GATHER, "list", buf.dtype, buf.shape)
+        else:
+            arr, key = b.array, (OpCode.ALL_GATHER, "list", b.dtype, b.array.dtype, b.count)
+        call = ct.prepared(key, OpCode.ALL_GATHER, arr, b.nbytes, b.dtype, gather_list=True)
+        if call is not None and ct.run(call, arr, blocks):
             return None
     return _allgather_submit(comm, b, blocks, async_op, out_list)
 
@@ -268,16 +299,34 @@ def _reduce_scatter_submit(
 
 
 def reduce_scatter(comm: Group, out: Any, in_list: Any, op: Any, async_op: bool) -> Work | None:
+    ct = comm.caller_thread
+    if ct is not None and not async_op and type(out) is np.ndarray and type(op) is ReduceOp:
+        call = ct.calls.get((OpCode.REDUCE_SCATTER, "list", out.dtype, out.shape, op))
+        if call is not None:  # validated
+            flags = out.flags
+            if (
+                flags.c_contiguous
+                and flags.writeable
+                and _plain_blocks(in_list, comm.size, out, writable=False)
+                and ct.run(call, in_list, out)
+            ):
+                return None
     comm.require_member("reduce_scatter")
     o = _as(comm, out, "reduce_scatter output")
     rop = _op(op)
     check_op(rop, o.dtype)
     ins = _list(comm, in_list, "reduce_scatter input list", o, writable=False)
     blocks = [i.array for i in ins]
-    ct = comm.caller_thread
     if ct is not None and not async_op and o.declared is None:
-        arr = o.array
-        key = (OpCode.REDUCE_SCATTER, "list", o.dtype, arr.dtype, o.count, rop)
+        key: tuple[Any, ...]
+        if type(out) is np.ndarray and out.flags.c_contiguous:
+            # the key the check above finds on later calls of this signature
+            arr, key = out, (OpCode.REDUCE_SCATTER, "list", out.dtype, out.shape, rop)
+        else:
+            arr, key = (
+                o.array,
+                (OpCode.REDUCE_SCATTER, "list", o.dtype, o.array.dtype, o.count, rop),
+            )
         call = ct.prepared(key, OpCode.REDUCE_SCATTER, arr, o.nbytes * comm.size, o.dtype, rop)
         if call is not None and ct.run(call, blocks, arr):
             return None

@@ -2,11 +2,13 @@
 
 The cost model that picks algorithms needs α (seconds per message), β (seconds
 per byte) and the fixed Python cost of one call. Constants tuned on one
-machine are wrong on the next, so they are *measured* here, at
-first use on a host, and cached per host under the user cache directory
-(``$XDG_CACHE_HOME/unison`` or ``~/.cache/unison``; ``UNISON_LINK_CACHE``
+machine are wrong on the next, so they are *measured* here, by an explicit
+command (``unison bench --calibrate``), and cached per host under the user cache
+directory (``$XDG_CACHE_HOME/unison`` or ``~/.cache/unison``; ``UNISON_LINK_CACHE``
 overrides, ``off`` disables) in a file keyed by CPU model, usable cores and the
-unison version. ``unison bench --calibrate`` re-measures. Each value can be
+unison version. A job's set-up never measures: it reads the cache, and without one
+uses the figures of a typical commodity x86 host (:func:`typical`), which pick the
+same algorithms as a measured host of that kind. Each value can be
 pinned with a knob (``UNISON_SHM_ALPHA``, ``UNISON_SHM_BETA``,
 ``UNISON_TCP_ALPHA``, ``UNISON_TCP_BETA``), which wins over the measurement;
 ``UNISON_CALL_OVERHEAD`` sets the model's per-call overhead (not measured here).
@@ -39,10 +41,10 @@ What is measured (about a quarter of a second, once per host):
   :attr:`~unison.link.Link.sync_crowded`. ``UNISON_SHM_SYNC`` and
   ``UNISON_SHM_SYNC_CROWDED`` pin them.
 
-Measurement happens under an exclusive lock on the cache file, so the ranks of a
-job on one host measure once and all read the same numbers. Ranks on different
-hosts may read different models; whoever selects algorithms from them must
-agree on one (for instance rank 0's, broadcast at set-up).
+Measurement happens under an exclusive lock on the cache file and the cache is
+replaced atomically, so the ranks of a job on one host read the same numbers;
+whoever selects algorithms from them still checks that they agree
+(:meth:`Calibration.digest`), since a calibration may land between two ranks' reads.
 """
 
 from __future__ import annotations
@@ -75,16 +77,17 @@ __all__ = [
     "load",
     "main",
     "measure",
+    "typical",
 ]
 
 _LOCK_S = 60.0  # longest wait for another process's measurement
 #: bytes a message crosses the shm transport's ring in (the ring's capacity)
 RING_PIECE = 1 << 19
 
-# Used only when a measurement fails (no child process possible, deadline passed).
+# α of the links when the pair test of a measurement fails (no child process possible,
+# deadline passed)
 _FALLBACK_SHM = (5e-6, 2 / 4e9)
 _FALLBACK_TCP = (25e-6, 1 / 1e9)
-_FALLBACK_OVERHEAD = 10e-6
 
 _KNOBS = {
     ("shm", "alpha"): "UNISON_SHM_ALPHA",
@@ -128,6 +131,14 @@ class Calibration:
 
     def link(self, transport: str) -> LinkParams:
         return self.tcp if transport == "tcp" else self.shm
+
+    def digest(self) -> str:
+        """A short fingerprint of the model's figures (not where they came from): ranks
+        that select algorithms from it compare fingerprints before using it."""
+        data = self.to_json()
+        data.pop("host", None)
+        text = json.dumps(data, sort_keys=True) + f"|{self.call_overhead!r}"
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -254,7 +265,10 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _read(path: Path) -> Calibration | None:
+def _read(path: Path, strict: bool = True) -> Calibration | None:
+    """The cached model of this host, or None. ``strict``: also None when it was
+    measured on a busy machine that is quieter now (worth measuring again); a reader
+    that will not measure takes it anyway (a busy host's figures beat no figures)."""
     try:
         data = json.loads(path.read_text())
         cal = Calibration.from_json(data, "cache")
@@ -264,7 +278,7 @@ def _read(path: Path) -> Calibration | None:
     if not all(cal.host.get(k) == v for k, v in key.items()):
         return None
     then = float(cal.host.get("load", 0.0))
-    if then > 0.5 * key["cores"] and _load() < then / 2:
+    if strict and then > 0.5 * key["cores"] and _load() < then / 2:
         return None  # measured on a busy machine, which is quieter now: measure again
     return cal
 
@@ -315,12 +329,13 @@ _memo: dict[str, Calibration] = {}
 
 
 def load(
-    env: Mapping[str, str] | None = None, *, remeasure: bool = False, measure_missing: bool = True
+    env: Mapping[str, str] | None = None, *, remeasure: bool = False, measure_missing: bool = False
 ) -> Calibration:
-    """This host's model: cached, else measured now (and cached); knobs applied.
+    """This host's model: cached, else :func:`typical` (or measured now and cached, with
+    ``measure_missing``); knobs applied.
 
     ``remeasure``: measure even when a cache exists (``unison bench --calibrate``).
-    ``measure_missing=False``: return the fallback defaults instead of measuring.
+    Only explicit commands measure: a job's set-up reads what is cached.
     """
     env = os.environ if env is None else env
     path = cache_path(env)
@@ -328,26 +343,46 @@ def load(
     cal = None if remeasure else _memo.get(memo_key)
     if cal is None:
         if path is None:
-            cal = measure() if measure_missing else _fallback()
+            cal = measure() if measure_missing or remeasure else None
+        elif not (measure_missing or remeasure):
+            cal = _read(path, strict=False)  # replaced atomically: no lock to read it
         else:
             with _locked(path):
                 cal = None if remeasure else _read(path)
                 if cal is None:
-                    cal = measure() if measure_missing else _fallback()
-                    if measure_missing:
-                        _write(path, cal)
+                    cal = measure()
+                    _write(path, cal)
+        if cal is None:
+            return typical(env)  # not remembered: a calibration may follow
         _memo[memo_key] = cal
     return _override(cal, env)
 
 
-def _fallback() -> Calibration:
-    return Calibration(
-        shm=LinkParams(*_FALLBACK_SHM),
-        tcp=LinkParams(*_FALLBACK_TCP),
-        overhead=_FALLBACK_OVERHEAD,
+def typical(env: Mapping[str, str] | None = None) -> Calibration:
+    """The figures of a typical commodity x86 host (a few-core server or VM: ~0.5 µs
+    shared-memory hop, ~20 GB/s copies and reductions in cache, ~6 GB/s out of it), used where this
+    host was never calibrated. They are a prior, not a measurement: they make the
+    selector pick the algorithms a measured host of that kind picks (direct
+    shared-memory rounds for small and medium operations, single-copy reads where
+    cross-memory attach works, which the algorithms check at run time). Knobs
+    (``env``, default the environment) apply over them."""
+    cal = Calibration(
+        shm=LinkParams(1e-6, 1 / 8e9),
+        tcp=LinkParams(15e-6, 1 / 1.5e9),
+        overhead=6e-6,
         host=host_key(),
         source="defaults (not measured)",
+        gamma=1 / 20e9,
+        copy=1 / 20e9,
+        cma=1 / 2e9,
+        big=8 << 20,
+        cold_gamma=1 / 8e9,
+        cold_copy=1 / 6e9,
+        cold_cma=1 / 6e9,
+        sync=20e-6,
+        sync_crowded=200e-6,
     )
+    return _override(cal, os.environ if env is None else env)
 
 
 def link(transport: str, env: Mapping[str, str] | None = None) -> LinkParams:
@@ -381,26 +416,14 @@ def main(args: argparse.Namespace | None = None) -> int:
     return 0
 
 
-def install(env: Mapping[str, str] | None = None) -> Calibration | None:
-    """Give this host's model to :mod:`unison.link`; call it where every rank shares the host.
-
-    Ranks of one host read one cache file (measured once, under its lock), so they
-    agree. With the cache off (``UNISON_LINK_CACHE=off``) nothing is measured per
-    rank (that could disagree): only knobs apply, over the defaults. Returns what
-    was installed, or None when nothing changed.
-    """
+def install(env: Mapping[str, str] | None = None, cal: Calibration | None = None) -> Calibration:
+    """Give this host's model (``cal``, default :func:`load`'s: the cache, else
+    :func:`typical`) to :mod:`unison.link`; call it where every rank shares the host.
+    Never measures. Returns what was installed."""
     from .. import link as linkmodel
 
-    env = os.environ if env is None else env
-    try:
-        cal = load(env, measure_missing=cache_path(env) is not None)
-    except (OSError, TimeoutError) as exc:
-        from ..log import get_logger
-
-        get_logger("calibrate").debug("link model not measured (%s); using defaults", exc)
-        return None
-    if cal.source.startswith("defaults") and "overrides" not in cal.source:
-        return None
+    if cal is None:
+        cal = load(env)
     for tr in ("shm", "tcp"):
         p = cal.link(tr)
         base = linkmodel.DEFAULTS[tr]

@@ -266,6 +266,8 @@ class SeqSlots:
         if mine is not None:  # this rank contributes bytes
             if type(inp) is np.ndarray:
                 mine[h][...] = inp
+            elif type(inp) is list:  # a list form's blocks, of the plan's dtype and sizes
+                _concatenate(inp, axis=None, out=mine[h])
             else:
                 self._write(h, inp)  # type: ignore[arg-type]
         self._sync(k, h, plan.sig, timeout, key, policy or self.policy)

@@ -118,14 +118,26 @@ class Fabric:
         self._agree(peers, all(self.route[p] is self.shm for p in peers), deadline)
 
     def _agree(self, peers: list[int], mine: bool, deadline: float) -> None:
-        """Learn whether every rank reaches all its peers by shared memory."""
-        told = self.messages.exchange(peers, SUMMARY, {p: {"shm": mine} for p in peers}, deadline)
+        """Learn whether every rank reaches all its peers by shared memory, and whether
+        they read the same link model (the host's cached calibration)."""
+        from ...transport import calibrate
+
+        cal = calibrate.load()  # never measures: the cache, else typical figures
+        mine_model = cal.digest()
+        summary = {"shm": mine, "model": mine_model}
+        told = self.messages.exchange(peers, SUMMARY, {p: summary for p in peers}, deadline)
         self._shared_job = mine and all(bool(told[p].get("shm")) for p in peers)
         if self._shared_job:
-            # one host, one cache file: every rank installs the same measured link
-            from ...transport.calibrate import install
-
-            install()
+            # one host, one cache file: every rank installs the same link, unless a
+            # calibration replaced the file between two ranks' reads or their knobs
+            # differ (then all take the typical figures without knobs: the same everywhere)
+            if any(told[p].get("model") != mine_model for p in peers):
+                log.info(
+                    "ranks read different link models (a calibration ran meanwhile, or "
+                    "UNISON_* link knobs differ between ranks); using the typical figures"
+                )
+                cal = calibrate.typical({})
+            calibrate.install(cal=cal)
             self.shm_setup.share_world(len(peers) + 1)
         if log.isEnabledFor(10):  # DEBUG: the choice table every rank computes alike
             from ...algorithms.select import table
