@@ -343,3 +343,60 @@ def keras2_fit(hvd: Any) -> None:
 
 
 CHECKS["keras2_fit"] = keras2_fit
+
+
+def keras2_through_keras(hvd: Any) -> None:
+    """On tf_keras: ``unison.keras.PartialDistributedOptimizer`` (Horovod's
+    ``horovod.keras``) takes tf_keras' optimizer and layers; its ``_compute_gradients``
+    and ``compute_gradients`` return the shared weights' gradients averaged over the
+    workers and the local layer's own gradients divided by the size (Horovod's scaling)."""
+    import tensorflow as tf
+
+    import unison.keras as hk
+
+    r, n = hvd.rank(), hvd.size()
+    inp = tf.keras.Input((2,))
+    local = tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    shared = tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    model = tf.keras.Model(inp, shared(local(inp)))
+    x = np.full((1, 2), float(r + 1), np.float32)
+    opt = hk.PartialDistributedOptimizer(tf.keras.optimizers.SGD(0.1), local_layers=[local])
+    # loss = sum(model(x)) = 2 (r+1) w_local w_shared; d/dw_local = (r+1) w_shared per entry
+    want_local = np.full((2, 1), (r + 1) / n, np.float32)
+    want_shared = np.full((1, 1), np.mean([2.0 * (k + 1) for k in range(n)]), np.float32)
+    for compute in ("_compute_gradients", "compute_gradients"):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        pairs = getattr(opt, compute)(loss, model.trainable_weights, tape=tape)
+        got = {id(v): np.asarray(g) for g, v in pairs}
+        assert np.allclose(got[id(local.kernel)], want_local), (compute, got)
+        assert np.allclose(got[id(shared.kernel)], want_shared), (compute, got)
+
+
+def keras2_elastic_state(hvd: Any) -> None:
+    """On tf_keras: ``KerasState`` syncs, restores and commits a tf_keras model (whose
+    variables' ``value`` is a method)."""
+    import tensorflow as tf
+
+    import unison.tensorflow.keras as hk
+
+    r = hvd.rank()
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+    model.build((1, 2))
+    model.set_weights([np.full((2, 2), r + 1.0, np.float32), np.full(2, r + 1.0, np.float32)])
+    state = hk.elastic.KerasState(model, tf.keras.optimizers.Adam(0.01), epoch=r)
+    state.sync()
+    assert state.epoch == 0, state.epoch
+    assert all(np.allclose(w, 1.0) for w in model.get_weights()), model.get_weights()
+    model.set_weights([np.full((2, 2), 7.0, np.float32), np.full(2, 7.0, np.float32)])
+    state.restore()
+    assert all(np.allclose(w, 1.0) for w in model.get_weights()), model.get_weights()
+    model.set_weights([np.full((2, 2), 5.0, np.float32), np.full(2, 5.0, np.float32)])
+    state.commit()
+    model.set_weights([np.full((2, 2), 9.0, np.float32), np.full(2, 9.0, np.float32)])
+    state.restore()
+    assert all(np.allclose(w, 5.0) for w in model.get_weights()), model.get_weights()
+
+
+CHECKS["keras2_through_keras"] = keras2_through_keras
+CHECKS["keras2_elastic_state"] = keras2_elastic_state

@@ -5,6 +5,9 @@ each check is reported as a test of its own."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -49,13 +52,44 @@ def test_horovod_semantics(keras3_results: list[dict[str, Any]], check: str) -> 
         assert res[check] is None, f"rank {rank}: {res[check]}"
 
 
-@pytest.mark.timeout(600)
-def test_tf_keras_distributed_optimizer_and_callbacks() -> None:
-    """Keras 2 users: tf_keras with TF_USE_LEGACY_KERAS=1."""
+KERAS2 = ["keras2_fit", "keras2_through_keras", "keras2_elastic_state"]
+
+
+@pytest.fixture(scope="module")
+def keras2_results() -> list[dict[str, Any]]:
     if importlib.util.find_spec("tf_keras") is None:
         pytest.skip("needs tf_keras (Keras 2)")
     env = {**ENV, "TF_USE_LEGACY_KERAS": "1"}
-    for rank, res in enumerate(
-        spawn(_job, 2, args=(["keras2_fit"],), env=env, timeout=500, start_method="spawn")
-    ):
-        assert res["keras2_fit"] is None, f"rank {rank}: {res['keras2_fit']}"
+    return spawn(_job, 2, args=(KERAS2,), env=env, timeout=500, start_method="spawn")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("check", KERAS2)
+def test_tf_keras(keras2_results: list[dict[str, Any]], check: str) -> None:
+    """Keras 2 users: tf_keras with TF_USE_LEGACY_KERAS=1."""
+    for rank, res in enumerate(keras2_results):
+        assert res[check] is None, f"rank {rank}: {res[check]}"
+
+
+@pytest.mark.timeout(120)
+def test_tf_keras_front_whatever_tf_keras_is_named() -> None:
+    """Under TF_USE_LEGACY_KERAS=1 ``unison.tensorflow.keras`` serves Keras 2's wrapper
+    even where ``tf.keras`` is named ``tensorflow.keras`` (after ``from
+    tensorflow.keras.optimizers import Optimizer``, as Horovod's test_tensorflow2_keras.py
+    does before importing ``horovod.tensorflow.keras``)."""
+    if importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("needs tf_keras (Keras 2)")
+    code = (
+        "import tensorflow as tf\n"
+        "from tensorflow.keras.optimizers import Optimizer\n"
+        "import unison.keras\n"
+        "import unison.tensorflow.keras as hk\n"
+        "print('FRONT', hk.DistributedOptimizer.__module__)\n"
+    )
+    env = {**os.environ, **ENV, "TF_USE_LEGACY_KERAS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=100
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    fronts = [ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("FRONT ")]
+    assert fronts == ["unison.tensorflow.keras.keras2"], out.stdout

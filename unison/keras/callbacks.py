@@ -17,10 +17,11 @@ __all__ = [
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "broadcast_global_variables",
+    "variable_numpy",
 ]
 
 
-def _numpy(v: Any) -> Any:
+def variable_numpy(v: Any) -> Any:
     """A variable's value: Keras 3's ``v.value`` (a tensor) or a ``tf.Variable``'s
     (Keras 2, where ``value`` is a method)."""
     value = v.value
@@ -36,7 +37,7 @@ def broadcast_global_variables(model: Any, root_rank: int, exclude: Any = ()) ->
     if opt is not None:
         opt_vars = opt.variables() if callable(opt.variables) else opt.variables
         variables += list(opt_vars)
-    values = broadcast_numpy([_numpy(v) for v in variables], root_rank)
+    values = broadcast_numpy([variable_numpy(v) for v in variables], root_rank)
     for v, a in zip(variables, values, strict=True):
         v.assign(a)
 

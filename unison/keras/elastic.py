@@ -8,7 +8,7 @@ from typing import Any
 import keras
 
 from ..horovod.elastic import ObjectState, State, run
-from .callbacks import broadcast_global_variables
+from .callbacks import broadcast_global_variables, variable_numpy
 
 __all__ = [
     "CommitStateCallback",
@@ -24,7 +24,9 @@ __all__ = [
 def _variables(model: Any, optimizer: Any) -> list[Any]:
     vs = list(model.variables) if model is not None else []
     if optimizer is not None:
-        vs += list(optimizer.variables)
+        # Keras 3 and tf_keras' optimizers: a property; tf_keras' legacy ones: a method
+        opt_vars = optimizer.variables
+        vs += list(opt_vars() if callable(opt_vars) else opt_vars)
     return vs
 
 
@@ -42,8 +44,7 @@ class KerasState(ObjectState):
 
     def _save_variables(self) -> None:
         self._values_saved = [
-            keras.ops.convert_to_numpy(v.value).copy()
-            for v in _variables(self.model, self.optimizer)
+            variable_numpy(v).copy() for v in _variables(self.model, self.optimizer)
         ]
 
     def save(self) -> None:

@@ -106,6 +106,17 @@ def _install(
     return opt
 
 
+def _keras2_front(optimizer: Any) -> Any:
+    """The Keras 2 front (:mod:`unison.tensorflow.keras.keras2`) where ``optimizer`` is
+    one of ``tf_keras``' (``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``, which Horovod's
+    ``horovod.keras`` served as it serves Keras 3's), else None."""
+    if str(type(optimizer).__module__).split(".")[0] != "tf_keras":
+        return None
+    from ..tensorflow.keras import keras2
+
+    return keras2
+
+
 def DistributedOptimizer(
     optimizer: Any,
     name: str | None = None,
@@ -126,7 +137,16 @@ def DistributedOptimizer(
     gradients over the process set before applying them. With
     ``backward_passes_per_step=N`` gradients are aggregated locally over N steps
     (Keras' ``gradient_accumulation_steps``) and reduced once; they are summed unless
-    ``average_aggregated_gradients``."""
+    ``average_aggregated_gradients``. A ``tf_keras`` optimizer is wrapped by the Keras 2
+    front."""
+    k2 = _keras2_front(optimizer)
+    if k2 is not None:
+        return k2.DistributedOptimizer(
+            optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+            gradient_predivide_factor, op, backward_passes_per_step,
+            average_aggregated_gradients, num_groups, groups, process_set,
+            scale_local_gradients,
+        )  # fmt: skip
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(
             f"unison.keras.DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
@@ -168,6 +188,14 @@ def PartialDistributedOptimizer(
 ) -> Any:
     """A :func:`DistributedOptimizer` that leaves the gradients of ``local_layers``'
     trainable weights unreduced: each worker applies its own."""
+    k2 = _keras2_front(optimizer)
+    if k2 is not None:
+        return k2.PartialDistributedOptimizer(
+            optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+            gradient_predivide_factor, op, backward_passes_per_step,
+            average_aggregated_gradients, groups, process_set, local_layers,
+            scale_local_gradients,
+        )  # fmt: skip
     if local_layers is None:
         layers: list[Any] = []
     elif isinstance(local_layers, (list, tuple)):

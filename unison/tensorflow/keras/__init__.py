@@ -14,7 +14,16 @@ from ...keras import __all__ as _keras_all
 
 __all__ = list(_keras_all)
 
-if tf.keras.__name__.split(".")[0] == "tf_keras":
+
+def _is_tf_keras() -> bool:
+    """Whether ``tf.keras`` is Keras 2 (``tf_keras``). Its module name does not say:
+    ``tensorflow.keras`` (TensorFlow's lazy loader, also after ``from
+    tensorflow.keras.optimizers import ...``) whichever Keras it serves; a class it holds
+    names the package for certain."""
+    return str(tf.keras.optimizers.Optimizer.__module__).split(".")[0] == "tf_keras"
+
+
+if _is_tf_keras():
     from . import keras2 as _k2
 
     DistributedOptimizer = _k2.DistributedOptimizer

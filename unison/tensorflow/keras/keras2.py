@@ -38,8 +38,11 @@ class _Variables:
 
 class _Distributed:
     """Mixed in before a Keras 2 optimizer's class: the gradients are reduced over the
-    process set where Keras 2 aggregates them across replicas (``aggregate_gradients`` of
-    the optimizers of Keras 2.11+, ``_aggregate_gradients`` of the legacy ones)."""
+    process set where they are computed, as Horovod's wrapper does (``compute_gradients``
+    of the optimizers of Keras 2.11+, which ``minimize`` and so ``Model.fit`` call;
+    ``_compute_gradients`` and ``get_gradients`` of the legacy ones). Gradients computed
+    elsewhere (a plain ``tf.GradientTape``) are applied as given, as in Horovod: reduce
+    those with ``DistributedGradientTape``."""
 
     _unison: dict[str, Any]
 
@@ -77,11 +80,22 @@ class _Distributed:
                     grads[i] = g / n
         return list(zip(grads, [v for _, v in pairs], strict=True))
 
-    def aggregate_gradients(self, grads_and_vars: Any) -> Any:
-        return super().aggregate_gradients(self._unison_reduce(grads_and_vars))  # type: ignore[misc]
+    def _compute_gradients(
+        self, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None
+    ) -> list[tuple[Any, Any]]:
+        base = super()
+        if hasattr(base, "_compute_gradients"):  # the legacy optimizers
+            pairs = base._compute_gradients(loss, var_list, grad_loss, tape=tape)
+        else:
+            pairs = base.compute_gradients(loss, var_list, tape=tape)  # type: ignore[attr-defined]
+        return self._unison_reduce(pairs)
 
-    def _aggregate_gradients(self, grads_and_vars: Any) -> Any:
-        return super()._aggregate_gradients(self._unison_reduce(grads_and_vars))  # type: ignore[misc]
+    def compute_gradients(self, loss: Any, var_list: Any, tape: Any = None) -> Any:
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    def get_gradients(self, loss: Any, params: Any) -> Any:
+        grads = super().get_gradients(loss, params)  # type: ignore[misc]
+        return [g for g, _ in self._unison_reduce(zip(grads, params, strict=True))]
 
 
 def _is_keras2_optimizer(opt: Any) -> bool:
