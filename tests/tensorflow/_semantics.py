@@ -400,3 +400,104 @@ def keras2_elastic_state(hvd: Any) -> None:
 
 CHECKS["keras2_through_keras"] = keras2_through_keras
 CHECKS["keras2_elastic_state"] = keras2_elastic_state
+
+
+def _aggregation_oracle(
+    grads: list[list[np.ndarray]], passes: int, average: bool, lr: float, start: np.ndarray
+) -> list[np.ndarray]:
+    """Horovod's plain SGD with ``backward_passes_per_step``: the value after each pass
+    when ``grads[p][r]`` is rank r's gradient on pass p (summed over a step's passes,
+    averaged over the ranks, divided by the passes where ``average``)."""
+    value, total, out = start.astype(np.float64), np.zeros_like(start, np.float64), []
+    for p, per_rank in enumerate(grads):
+        total = total + np.mean(per_rank, axis=0)
+        if (p + 1) % passes == 0:
+            value = value - lr * (total / passes if average else total)
+            total = np.zeros_like(total)
+        out.append(value.copy())
+    return out
+
+
+def _aggregation_passes(
+    hvd: Any, make: Callable[[float], Any], average: bool, traced: bool
+) -> None:
+    """Seven passes of one optimizer made by ``make(learning_rate)`` with
+    ``backward_passes_per_step=3`` on a shared ``w`` and a local ``u``, checked after each
+    pass against the oracle."""
+    import tensorflow as tf
+
+    import unison.tensorflow.keras as hk
+
+    r, n = hvd.rank(), hvd.size()
+    lr, passes, count = 0.5, 3, 7
+    opt = hk.DistributedOptimizer(
+        make(lr), backward_passes_per_step=passes, average_aggregated_gradients=average
+    )
+    w = tf.Variable([1.0, -2.0])
+    u = tf.Variable([3.0])
+    opt.register_local_var(u)
+    step = tf.Variable(0.0)
+
+    def loss() -> Any:
+        p = step + 1.0  # this pass, from 1
+        c = tf.stack([(r + 1.0) * p, tf.constant(1.0)])
+        return tf.reduce_sum(w * c) + tf.reduce_sum(u) * ((r + 1.0) + p)
+
+    def one_pass() -> None:
+        pairs = opt.compute_gradients(loss, [w, u])
+        opt.apply_gradients(pairs)
+        step.assign_add(1.0)
+
+    run = tf.function(one_pass) if traced else one_pass
+    gw = [[np.array([(k + 1.0) * (p + 1), 1.0]) for k in range(n)] for p in range(count)]
+    gu = [[np.array([((r + 1.0) + (p + 1)) / n])] for p in range(count)]
+    want_w = _aggregation_oracle(gw, passes, average, lr, np.array([1.0, -2.0]))
+    want_u = _aggregation_oracle(gu, passes, average, lr, np.array([3.0]))
+    for p in range(count):
+        run()
+        what = (type(opt).__module__, average, traced, p)
+        assert np.allclose(w.numpy(), want_w[p]), (what, w.numpy(), want_w[p])
+        assert np.allclose(u.numpy(), want_u[p]), (what, u.numpy(), want_u[p])
+        assert int(opt.iterations.numpy()) == p + 1, (what, opt.iterations.numpy())
+
+
+def keras2_aggregation(hvd: Any) -> None:
+    """On tf_keras: ``DistributedOptimizer(backward_passes_per_step=N)`` sums N passes'
+    gradients locally, averages the sum over the workers (divided by N with
+    ``average_aggregated_gradients``) and updates the variables on every Nth pass only,
+    while ``iterations`` counts every pass; eagerly and inside ``tf.function``, for the
+    current and the legacy optimizers, and in ``Model.fit``. A registered local variable
+    takes its own sum divided by the size. Values against a numpy oracle."""
+    import tensorflow as tf
+
+    import unison.tensorflow.keras as hk
+
+    r, n = hvd.rank(), hvd.size()
+    for make in (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD):
+        for average in (False, True):
+            for traced in (False, True):
+                _aggregation_passes(hvd, make, average, traced)
+    # Model.fit: batch b of rank r is x = (r + 1) (b + 1) with y far below, so the mae
+    # gradient of the kernel is x
+    inp = tf.keras.Input((1,))
+    layer = tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    model = tf.keras.Model(inp, layer(inp))
+    fit_lr, batches = 0.01, 5
+    model.compile(
+        hk.DistributedOptimizer(tf.keras.optimizers.SGD(fit_lr), backward_passes_per_step=2),
+        loss="mae",
+    )
+    x = np.array([[(r + 1.0) * (b + 1)] for b in range(batches)], np.float32)
+    y = np.full((batches, 1), -1000.0, np.float32)
+    seen: list[float] = []
+    record = tf.keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda b, logs: seen.append(float(np.asarray(layer.kernel)[0, 0]))
+    )
+    model.fit(x, y, batch_size=1, epochs=1, shuffle=False, verbose=0, callbacks=[record])
+    gk = [[np.array([(k + 1.0) * (b + 1)]) for k in range(n)] for b in range(batches)]
+    want = [float(v[0]) for v in _aggregation_oracle(gk, 2, False, fit_lr, np.array([1.0]))]
+    assert np.allclose(seen, want), (seen, want)
+    assert int(model.optimizer.iterations.numpy()) == batches, model.optimizer.iterations
+
+
+CHECKS["keras2_aggregation"] = keras2_aggregation

@@ -52,7 +52,7 @@ def test_horovod_semantics(keras3_results: list[dict[str, Any]], check: str) -> 
         assert res[check] is None, f"rank {rank}: {res[check]}"
 
 
-KERAS2 = ["keras2_fit", "keras2_through_keras", "keras2_elastic_state"]
+KERAS2 = ["keras2_fit", "keras2_through_keras", "keras2_elastic_state", "keras2_aggregation"]
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from typing import Any
 
 import keras
 
+from ..horovod.aggregation import aggregated_gradient_factor, check_passes
 from ..horovod.basics import ProcessSet, global_process_set
 from ..horovod.negotiation import HvdOp
 from ._engine import allreduce_grads
@@ -46,9 +47,11 @@ class _Distributed:
         u = self._unison
         grads = list(grads)
         steps = u["backward_passes_per_step"]
-        if steps > 1 and not u["average_aggregated_gradients"]:
-            # Keras averages the accumulated gradients; Horovod's default sums them
-            grads = [g if g is None else g * steps for g in grads]
+        if steps > 1:
+            # Keras hands over the mean of the accumulated gradients (their sum / steps)
+            scale = steps * aggregated_gradient_factor(steps, u["average_aggregated_gradients"])
+            if scale != 1.0:
+                grads = [g if g is None else g * scale for g in grads]
         variables = u["vars"].applying
         local = u["vars"].local
         if local and variables is not None and len(variables) == len(grads):
@@ -152,8 +155,7 @@ def DistributedOptimizer(
             f"unison.keras.DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
             f"{type(optimizer).__name__}"
         )
-    if backward_passes_per_step < 1:
-        raise ValueError("backward_passes_per_step must be >= 1")
+    backward_passes_per_step = check_passes(backward_passes_per_step)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name

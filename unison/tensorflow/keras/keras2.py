@@ -9,10 +9,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from ...horovod.aggregation import check_passes
 from ...horovod.basics import ProcessSet, global_process_set
 from ...horovod.negotiation import HvdOp
 from ...keras import callbacks as _k3_callbacks
 from ..compression import Compression
+from ..gradient_aggregation import LocalGradientAggregation
 from ..gradient_tape import make_allreduce_grads_fn
 
 __all__ = [
@@ -42,18 +44,31 @@ class _Distributed:
     of the optimizers of Keras 2.11+, which ``minimize`` and so ``Model.fit`` call;
     ``_compute_gradients`` and ``get_gradients`` of the legacy ones). Gradients computed
     elsewhere (a plain ``tf.GradientTape``) are applied as given, as in Horovod: reduce
-    those with ``DistributedGradientTape``."""
+    those with ``DistributedGradientTape``.
+
+    With ``backward_passes_per_step`` N > 1 (Horovod's ``_agg_helper``, a
+    :class:`~unison.tensorflow.gradient_aggregation.LocalGradientAggregation`) the
+    gradients are summed locally and reduced on every Nth pass only, and
+    ``apply_gradients`` updates the variables only then; on the other passes it only
+    advances ``iterations``, which so counts passes, as in Horovod."""
 
     _unison: dict[str, Any]
+    _agg_helper: LocalGradientAggregation | None
 
     def unison_configure(
-        self, reduce: Any, process_set: ProcessSet, scale_local_gradients: bool
+        self,
+        reduce: Any,
+        process_set: ProcessSet,
+        scale_local_gradients: bool,
+        aggregation: LocalGradientAggregation | None = None,
     ) -> None:
-        """How this optimizer reduces: ``reduce`` (a list of gradients), over which set."""
+        """How this optimizer reduces: ``reduce`` (a list of gradients), over which set,
+        summed locally over passes by ``aggregation`` first where one is given."""
         self._unison = dict(
             reduce=reduce, process_set=process_set,
             scale_local_gradients=scale_local_gradients, vars=_Variables(),
         )  # fmt: skip
+        self._agg_helper = aggregation
 
     def register_local_var(self, var: Any) -> None:
         """``var``'s gradient stays this worker's own: it is not reduced (and, with
@@ -61,24 +76,51 @@ class _Distributed:
         self._unison["vars"].local[id(var)] = var
 
     def _unison_reduce(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
-        u = self._unison
         pairs = list(grads_and_vars)
-        local = u["vars"].local
-        shared = [i for i, (_, v) in enumerate(pairs) if id(v) not in local]
-        reduced = u["reduce"]([pairs[i][0] for i in shared])
+        variables = [v for _, v in pairs]
         grads = [g for g, _ in pairs]
+        agg = self._agg_helper
+        if agg is None:
+            grads = self._unison_reduce_now(grads, variables)
+        else:
+            grads = agg.accumulate(grads, lambda gs: self._unison_reduce_now(gs, variables))
+        return list(zip(grads, variables, strict=True))
+
+    def _unison_reduce_now(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+        u = self._unison
+        local = u["vars"].local
+        shared = [i for i, v in enumerate(variables) if id(v) not in local]
+        reduced = u["reduce"]([grads[i] for i in shared])
+        out = list(grads)
         for i, g in zip(shared, reduced, strict=True):
-            grads[i] = g
-        if u["scale_local_gradients"] and len(shared) < len(pairs):
+            out[i] = g
+        if u["scale_local_gradients"] and len(shared) < len(variables):
             n = float(u["process_set"].size())
-            for i, (g, v) in enumerate(pairs):
+            for i, (g, v) in enumerate(zip(grads, variables, strict=True)):
                 if g is None or id(v) not in local:
                     continue
                 if isinstance(g, tf.IndexedSlices):
-                    grads[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                    out[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
                 else:
-                    grads[i] = g / n
-        return list(zip(grads, [v for _, v in pairs], strict=True))
+                    out[i] = g / n
+        return out
+
+    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        base_apply = super().apply_gradients  # type: ignore[misc]
+        agg = self._agg_helper
+        if agg is None:
+            return base_apply(grads_and_vars, *args, **kwargs)
+        pairs = list(grads_and_vars)  # read by whichever branch runs
+        iterations = self.iterations  # type: ignore[attr-defined]  # made outside the branches
+
+        def apply() -> Any:
+            base_apply(pairs, *args, **kwargs)
+            return iterations.read_value()
+
+        def skip() -> Any:
+            return iterations.assign_add(1).read_value()
+
+        return agg.apply(apply, skip)
 
     def _compute_gradients(
         self, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None
@@ -116,17 +158,25 @@ def _install(
     groups: Any,
     process_set: ProcessSet,
     scale_local_gradients: bool,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
 ) -> Any:
     reduce = make_allreduce_grads_fn(
         compression or Compression.none, sparse_as_dense, op, gradient_predivide_factor,
         num_groups, groups, process_set,
     )  # fmt: skip
+    passes = check_passes(backward_passes_per_step)
+    aggregation = None
+    if passes > 1:
+        aggregation = LocalGradientAggregation(
+            passes, sparse_as_dense, average_aggregated_gradients
+        )
     cls = type(opt)
     if not issubclass(cls, _Distributed):
         new = type(cls.__name__, (_Distributed, cls), {})
         new.__module__ = cls.__module__  # saves (and loads) as the plain optimizer
         opt.__class__ = new
-    opt.unison_configure(reduce, process_set, scale_local_gradients)
+    opt.unison_configure(reduce, process_set, scale_local_gradients, aggregation)
     return opt
 
 
@@ -147,16 +197,16 @@ def DistributedOptimizer(
     scale_local_gradients: bool = True,
 ) -> Any:
     """A copy of the Keras 2 ``optimizer`` that averages (``op``) the gradients over the
-    process set before applying them."""
+    process set before applying them. With ``backward_passes_per_step=N`` the gradients
+    of N passes are summed locally and reduced once, and the variables are updated on
+    every Nth pass only; the sum is applied as is unless ``average_aggregated_gradients``
+    (then divided by N)."""
     if not _is_keras2_optimizer(optimizer):
         raise ValueError(
             "unison.tensorflow.keras.DistributedOptimizer wraps a tf.keras optimizer, got "
             f"{type(optimizer).__name__}"
         )
-    if backward_passes_per_step != 1:
-        raise NotImplementedError(
-            "backward_passes_per_step > 1 is not supported on Keras 2 (tf_keras) yet"
-        )
+    check_passes(backward_passes_per_step)
     base = type(optimizer)
     if issubclass(base, _Distributed):
         base = base.__mro__[2]
@@ -166,7 +216,8 @@ def DistributedOptimizer(
     new = base.from_config(config)
     return _install(
         new, compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-        process_set, scale_local_gradients,
+        process_set, scale_local_gradients, backward_passes_per_step,
+        average_aggregated_gradients,
     )  # fmt: skip
 
 
