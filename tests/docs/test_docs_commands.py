@@ -124,6 +124,10 @@ RULES: list[tuple[str, str]] = [
                       "built wheel into a fresh venv)"),
     (r"pytorch_synthetic_benchmark\.py|c10d_overhead\.py",
      "a benchmark, for a quiet machine (benchmarks/)"),
+    # run elsewhere in `make test`
+    (r"^(KERAS_BACKEND=(tensorflow|jax)\s+)?unison run -np 2 python "
+     r"examples/(tensorflow2_digits|keras_digits)\.py$",
+     "make test-notorch runs it (a venv with TensorFlow, Keras and JAX, without torch)"),
     # what runs
     (r"^import numpy as np\nimport unison as un\n", "run: unison run -np 2 python {file}"),
     (r"^import numpy as np\n\nimport unison\.ps as ps\n",
@@ -146,6 +150,16 @@ def decide(item: Item) -> str | None:
 
 
 ITEMS = collect()
+
+
+def _same(item: Item) -> str:
+    return f"{item.lang}: {' '.join(item.text.split())}"
+
+
+#: the first place each command appears: a command shown in several places runs once
+FIRST: dict[str, Item] = {}
+for _item in ITEMS:
+    FIRST.setdefault(_same(_item), _item)
 
 
 def test_every_command_is_accounted_for() -> None:
@@ -179,6 +193,9 @@ def test_command_runs(item: Item, tmp_path: Path) -> None:
         pytest.fail("no rule for this command (see test_every_command_is_accounted_for)")
     if what != RUN and not what.startswith("run: "):
         pytest.skip(what)
+    first = FIRST[_same(item)]
+    if first is not item:
+        pytest.skip(f"the same command as in {first.doc} (run there)")
     for name in ("examples", "benchmarks"):
         (tmp_path / name).symlink_to(ROOT / name)
     if item.lang == "python":
