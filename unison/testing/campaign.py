@@ -412,6 +412,46 @@ def _store_junk() -> Outcome:
     return Outcome(ok, f"wrong secret refused={refused}, served={served}, open={left}", took)
 
 
+def _mpi_job_ends(case: str, deadline: float = 30.0) -> Outcome:
+    """A rank of an mpi-engine job dies: OpenMPI's own rule (its default) is to end the
+    whole job, before any survivor's deadline can raise. What unison promises on this
+    engine is mpirun's nonzero exit naming the dead rank, soon, with nothing left."""
+    tmp = Path(tempfile.mkdtemp(prefix="unison-campaign-"))
+    job = os.urandom(6).hex()
+    env = dict(os.environ, CAMPAIGN_DIR=str(tmp), CAMPAIGN_JOB=job, UNISON_TIMEOUT="5")
+    seg0, ports0 = _segments(), _listening()
+    try:
+        proc = subprocess.run(
+            _launch_cmd(case, NP, "mpi"), env=env, capture_output=True, text=True, timeout=120
+        )
+        ended = time.time()
+    except subprocess.TimeoutExpired:
+        return Outcome(False, "the job hung past 120 s", leftovers=_leftovers(job, seg0, ports0))
+    try:
+        fault = tmp / "fault"
+        fault_at = float(fault.read_text()) if fault.exists() else None
+        finished = [f.name for f in tmp.glob("rank*.json") if '"no error"' in f.read_text()]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    left = _leftovers(job, seg0, ports0)
+    text = proc.stdout + proc.stderr
+    problems = []
+    if proc.returncode == 0:
+        problems.append("mpirun exited 0")
+    if f"rank {VICTIM}" not in text:
+        problems.append(f"mpirun's output does not name rank {VICTIM}")
+    if finished:
+        problems.append(f"a survivor finished without an error: {finished}")
+    tte = None if fault_at is None else ended - fault_at
+    if tte is None:
+        problems.append("the fault never happened")
+    elif tte > deadline:
+        problems.append(f"the job ended {tte:.1f} s after the fault (promised {deadline:g} s)")
+    if left:
+        problems.append("leftovers")
+    return Outcome(not problems, "; ".join(problems) or "mpirun ended the job", tte, left)
+
+
 def _mpi_available() -> bool:
     import importlib.util
 
@@ -445,6 +485,10 @@ CASES: list[Case] = [
             if _mpi_available()
             else _skip("no mpirun/mpi4py")
         ),
+    ),
+    Case(
+        "mpi-engine-kill",
+        lambda: _mpi_job_ends("mpi:kill") if _mpi_available() else _skip("no mpirun/mpi4py"),
     ),
     Case("unison.torch-kill", lambda: _job_case("hvd:kill", "any")),
     Case("unison.torch-exit", lambda: _job_case("hvd:exit", "any")),

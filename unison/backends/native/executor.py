@@ -144,12 +144,16 @@ class Executor:
         try:
             self._scan_buffered(ctx)
             confirm = None
-            if op in ROOTED and cfg.check_mismatch and self.size > 1:
+            checked = op in ROOTED and cfg.check_mismatch and self.size > 1
+            if checked and op in CONFIRM_FIRST:
                 confirm = Confirmation(ctx, self._check_context(ctx))
-                if op in CONFIRM_FIRST:
-                    confirm.start()  # before the data moves (see desync)
+                confirm.start()  # before the data moves (see desync)
             result = body(ctx)
-            if confirm is not None and not ctx.all_pairs_checked:
+            if checked and not ctx.all_pairs_checked:
+                # made only when needed: the shared-memory rounds of a broadcast
+                # compare every pair's signature already (most large broadcasts)
+                if confirm is None:
+                    confirm = Confirmation(ctx, self._check_context(ctx))
                 confirm.finish()
             elif confirm is not None and confirm.started:
                 confirm.drain()
