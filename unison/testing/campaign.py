@@ -245,19 +245,46 @@ def _launch_cmd(case: str, np_: int, engine: str) -> list[str]:
     ]
 
 
-def _job_case(case: str, expect: str, *, engine: str = "unison", deadline: float = 4.0) -> Outcome:
-    """Run ``case`` on NP ranks; ``expect``: the error type every survivor must raise
-    ("any": any error naming the victim; "ok": no error on any rank)."""
+@dataclass
+class _Job:
+    """One case's job, ended: its process (None: it hung past 120 s), the folder its
+    ranks reported into, its id, and what existed before it (segments, listeners)."""
+
+    proc: subprocess.CompletedProcess[str] | None
+    tmp: Path
+    job: str
+    seg0: set[str]
+    ports0: set[str]
+    ended: float
+
+    def leftovers(self) -> list[str]:
+        return _leftovers(self.job, self.seg0, self.ports0)
+
+
+def _run_job(case: str, engine: str) -> _Job:
+    """Run ``case`` on NP ranks (``unison run``, or mpirun for the mpi engine)."""
     tmp = Path(tempfile.mkdtemp(prefix="unison-campaign-"))
     job = os.urandom(6).hex()
     env = dict(os.environ, CAMPAIGN_DIR=str(tmp), CAMPAIGN_JOB=job, UNISON_TIMEOUT="5")
     seg0, ports0 = _segments(), _listening()
+    proc: subprocess.CompletedProcess[str] | None
     try:
         proc = subprocess.run(
             _launch_cmd(case, NP, engine), env=env, capture_output=True, text=True, timeout=120
         )
     except subprocess.TimeoutExpired:
-        return Outcome(False, "the job hung past 120 s", leftovers=_leftovers(job, seg0, ports0))
+        shutil.rmtree(tmp, ignore_errors=True)
+        proc = None
+    return _Job(proc, tmp, job, seg0, ports0, time.time())
+
+
+def _job_case(case: str, expect: str, *, engine: str = "unison", deadline: float = 4.0) -> Outcome:
+    """Run ``case`` on NP ranks; ``expect``: the error type every survivor must raise
+    ("any": any error naming the victim; "ok": no error on any rank)."""
+    run = _run_job(case, engine)
+    proc, tmp = run.proc, run.tmp
+    if proc is None:
+        return Outcome(False, "the job hung past 120 s", leftovers=run.leftovers())
     try:
         recs = {}
         for f in tmp.glob("rank*.json"):
@@ -267,7 +294,7 @@ def _job_case(case: str, expect: str, *, engine: str = "unison", deadline: float
         fault_at = float(fault.read_text()) if fault.exists() else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    left = _leftovers(job, seg0, ports0)
+    left = run.leftovers()
     victim_fails = expect not in ("ok", "mismatch")
     survivors = [r for r in range(NP) if not (victim_fails and r == VICTIM)]
     problems, waits = [], []
@@ -416,24 +443,17 @@ def _mpi_job_ends(case: str, deadline: float = 30.0) -> Outcome:
     """A rank of an mpi-engine job dies: OpenMPI's own rule (its default) is to end the
     whole job, before any survivor's deadline can raise. What unison promises on this
     engine is mpirun's nonzero exit naming the dead rank, soon, with nothing left."""
-    tmp = Path(tempfile.mkdtemp(prefix="unison-campaign-"))
-    job = os.urandom(6).hex()
-    env = dict(os.environ, CAMPAIGN_DIR=str(tmp), CAMPAIGN_JOB=job, UNISON_TIMEOUT="5")
-    seg0, ports0 = _segments(), _listening()
-    try:
-        proc = subprocess.run(
-            _launch_cmd(case, NP, "mpi"), env=env, capture_output=True, text=True, timeout=120
-        )
-        ended = time.time()
-    except subprocess.TimeoutExpired:
-        return Outcome(False, "the job hung past 120 s", leftovers=_leftovers(job, seg0, ports0))
+    run = _run_job(case, "mpi")
+    proc, tmp, ended = run.proc, run.tmp, run.ended
+    if proc is None:
+        return Outcome(False, "the job hung past 120 s", leftovers=run.leftovers())
     try:
         fault = tmp / "fault"
         fault_at = float(fault.read_text()) if fault.exists() else None
         finished = [f.name for f in tmp.glob("rank*.json") if '"no error"' in f.read_text()]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    left = _leftovers(job, seg0, ports0)
+    left = run.leftovers()
     text = proc.stdout + proc.stderr
     problems = []
     if proc.returncode == 0:
