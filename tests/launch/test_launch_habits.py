@@ -265,8 +265,27 @@ def _by_host(r: subprocess.CompletedProcess[str]) -> dict[str, list[dict[str, st
     return out
 
 
+def _show_all(where: Path) -> str:
+    """SHOW_HOST_ENV, flushed, for a job whose processes must all print: a parameter
+    server waits (up to 60 s) until every worker has printed, since the driver ends
+    the workers still running once the servers have exited."""
+    return SHOW_HOST_ENV.replace("}))", "}), flush=True)") + (
+        "\nimport pathlib, time\n"
+        f"d = pathlib.Path({str(where)!r})\n"
+        "if os.environ.get('UNISON_ROLE') == 'server':\n"
+        "    n = int(os.environ['UNISON_SIZE']) - int(os.environ['UNISON_NUM_SERVERS'])\n"
+        "    end = time.monotonic() + 60\n"
+        "    while len(list(d.iterdir())) < n and time.monotonic() < end:\n"
+        "        time.sleep(0.05)\n"
+        "else:\n"
+        "    (d / os.environ['UNISON_RANK']).touch()\n"
+    )
+
+
 @pytest.mark.parametrize("servers", [0, 1], ids=["elastic", "ps-elastic"])
-def test_elastic_and_ps_processes_on_every_host_get_that_hosts_share(servers: int) -> None:
+def test_elastic_and_ps_processes_on_every_host_get_that_hosts_share(
+    servers: int, tmp_path: Path
+) -> None:
     """Elastic workers started through the remote shell, and the processes of an elastic
     parameter-server job (servers and workers), get their own host's share of its cores:
     the cores divided by the processes on that host; a host with one process (here
@@ -275,7 +294,9 @@ def test_elastic_and_ps_processes_on_every_host_get_that_hosts_share(servers: in
     np_ = ["-np", "4", "--min-np", "4", "--max-np", "4"] if servers else ["-np", "3"]
     np_ += ["--servers", "1"] if servers else ["--min-np", "3", "--max-np", "3"]
     hosts = "localhost:2,fakehost:2" if servers else "localhost:1,fakehost:2"
-    r = _run(*np_, "-H", hosts, *FAKE_RSH, sys.executable, "-c", SHOW_HOST_ENV)
+    (tmp_path / "1").mkdir()
+    (tmp_path / "2").mkdir()
+    r = _run(*np_, "-H", hosts, *FAKE_RSH, sys.executable, "-c", _show_all(tmp_path / "1"))
     assert r.returncode == 0, r.stderr
     by_host = _by_host(r)
     assert sorted(by_host) == ["fakehost", "localhost"], r.stdout
@@ -288,7 +309,7 @@ def test_elastic_and_ps_processes_on_every_host_get_that_hosts_share(servers: in
             assert {k: env.get(k) for k in THREAD_VARIABLES} == want, (host, env)
     # the user's value wins on every host, for every knob, and nothing is said
     r = _run(*np_, "-H", hosts, *FAKE_RSH, "-x", "OMP_NUM_THREADS=3",
-             sys.executable, "-c", SHOW_HOST_ENV)  # fmt: skip
+             sys.executable, "-c", _show_all(tmp_path / "2"))  # fmt: skip
     assert r.returncode == 0 and "share this host" not in r.stderr, r.stderr
     envs = [e for es in _by_host(r).values() for e in es]
     assert len(envs) == (4 if servers else 3), r.stdout
