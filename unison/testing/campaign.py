@@ -4,7 +4,9 @@ Each case starts a real job (``unison run``, or ``mpirun`` for the mpi engine), 
 rank fail (killed, stopped, exited, a mismatched call) or attacks a listener, and checks
 the promise: every surviving rank gets a typed error naming the operation and the lost
 rank, quickly, and nothing is left behind (processes carrying the job, ``/dev/shm``
-segments, listening sockets). One line per case::
+segments, listening sockets). On the mpi engine a dead process ends the whole job
+(OpenMPI's rule): there the promise is mpirun's nonzero exit naming the rank, with
+nothing left. One line per case::
 
     case                    result  time-to-error  leftovers
     native-kill             ok      0.12 s         none
@@ -510,9 +512,16 @@ CASES: list[Case] = [
         "mpi-engine-kill",
         lambda: _mpi_job_ends("mpi:kill") if _mpi_available() else _skip("no mpirun/mpi4py"),
     ),
+    Case(
+        "mpi-engine-exit",
+        lambda: _mpi_job_ends("mpi:exit") if _mpi_available() else _skip("no mpirun/mpi4py"),
+    ),
     Case("unison.torch-kill", lambda: _job_case("hvd:kill", "any")),
     Case("unison.torch-exit", lambda: _job_case("hvd:exit", "any")),
+    Case("unison.torch-stop", lambda: _job_case("hvd:stop", "any", deadline=9.0)),
     Case("c10d-ddp-kill", lambda: _job_case("ddp:kill", "any", deadline=9.0)),
+    Case("c10d-ddp-exit", lambda: _job_case("ddp:exit", "any", deadline=9.0)),
+    Case("c10d-ddp-stop", lambda: _job_case("ddp:stop", "any", deadline=9.0)),
     Case("store-strangers-memory", _store_strangers, quick=True),
     Case("store-hostile-clients", _store_junk, quick=True),
 ]
