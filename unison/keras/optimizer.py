@@ -142,14 +142,10 @@ def DistributedOptimizer(
     (Keras' ``gradient_accumulation_steps``) and reduced once; they are summed unless
     ``average_aggregated_gradients``. A ``tf_keras`` optimizer is wrapped by the Keras 2
     front."""
+    arguments = dict(locals())  # Horovod's argument list, forwarded whole to Keras 2
     k2 = _keras2_front(optimizer)
     if k2 is not None:
-        return k2.DistributedOptimizer(
-            optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
-            gradient_predivide_factor, op, backward_passes_per_step,
-            average_aggregated_gradients, num_groups, groups, process_set,
-            scale_local_gradients,
-        )  # fmt: skip
+        return k2.DistributedOptimizer(**arguments)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(
             f"unison.keras.DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
@@ -190,14 +186,10 @@ def PartialDistributedOptimizer(
 ) -> Any:
     """A :func:`DistributedOptimizer` that leaves the gradients of ``local_layers``'
     trainable weights unreduced: each worker applies its own."""
+    arguments = dict(locals())  # Horovod's argument list, forwarded whole to Keras 2
     k2 = _keras2_front(optimizer)
     if k2 is not None:
-        return k2.PartialDistributedOptimizer(
-            optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
-            gradient_predivide_factor, op, backward_passes_per_step,
-            average_aggregated_gradients, groups, process_set, local_layers,
-            scale_local_gradients,
-        )  # fmt: skip
+        return k2.PartialDistributedOptimizer(**arguments)
     if local_layers is None:
         layers: list[Any] = []
     elif isinstance(local_layers, (list, tuple)):
