@@ -1,10 +1,14 @@
 """Training step A/B in one job (issue 11, round 5): the Horovod API (DistributedOptimizer),
-DDP over Gloo, DDP over unison's c10d backend and compute alone (DDP under no_sync),
-interleaved step by step, on the benchmark's models. Per variant: wall min / median (ms),
-process CPU median (ms, getrusage, all threads), context switches median, and the ratios
-of the medians against DDP over Gloo. ``MODEL=conv`` is the default convnet (batch 32);
-``MODEL=comm`` (the default here) the communication-bound MLP of ``--comm-bound`` (16 x
-512 units, batch 1, 19 MB of gradients). Optional Horovod variants, interleaved with the
+DDP over Gloo, DDP over unison's c10d backend and compute alone (DDP under no_sync, a
+model of its own), interleaved step by step, on the benchmark's models. Per variant: wall
+min / median (ms), process CPU median (ms, getrusage, all threads), context switches
+median, and the ratios of the medians against DDP over Gloo. ``MODEL=conv`` is the
+default convnet (batch 32); ``MODEL=comm`` (the default here) the communication-bound MLP
+of ``--comm-bound`` (``LAYERS`` hidden Linear(512, 512) layers, default 16, and a
+1000-way output; batch 1; 19 MB of gradients at 16). Each rank trains on its own batch;
+at the end the largest parameter difference of each variant against DDP over Gloo (same
+start, same steps) is reported, and whether DDP over Gloo's parameters agree on every
+rank. Optional Horovod variants, interleaved with the
 rest: ``ALONE=<bytes>`` adds "hvd-alone" (tensors of at least that many bytes are reduced
 in place, never fused: unison.horovod.fusion.ALONE_BYTES), ``CYCLE=<ms>`` adds "hvd-cycle"
 (Horovod's cycle time: the engine waits that long to gather more tensors per cycle).
@@ -36,17 +40,23 @@ sys.path.insert(0, "examples")
 from pytorch_synthetic_benchmark import Net
 
 MODEL = os.environ.get("MODEL", "comm")
+LAYERS = int(os.environ.get("LAYERS", "16"))  # hidden Linear(512, 512) layers of "comm"
 
 
 def make() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The same initial model on every rank and each rank's own batch."""
     torch.manual_seed(0)
     if MODEL == "conv":
-        return Net(), torch.randn(32, 3, 32, 32), torch.randint(0, 1000, (32,))
-    layers: list[nn.Module] = []
-    for _ in range(16):
-        layers += [nn.Linear(512, 512), nn.ReLU()]
-    m = nn.Sequential(*layers, nn.Linear(512, 1000))
-    return m, torch.randn(1, 512), torch.randint(0, 1000, (1,))
+        m: nn.Module = Net()
+        shape, n = (32, 3, 32, 32), 32
+    else:
+        layers: list[nn.Module] = []
+        for _ in range(LAYERS):
+            layers += [nn.Linear(512, 512), nn.ReLU()]
+        m = nn.Sequential(*layers, nn.Linear(512, 1000))
+        shape, n = (1, 512), 1
+    g = torch.Generator().manual_seed(1 + hvd.rank())
+    return m, torch.randn(*shape, generator=g), torch.randint(0, 1000, (n,), generator=g)
 
 
 def main() -> None:
@@ -104,7 +114,8 @@ def main() -> None:
                 eng.settings = s0
 
         fns["hvd-cycle"] = hstep_cycle
-    for name, group in (("ddp-gloo", gloo), ("ddp-unison", None)):
+    models = {"hvd": m1}
+    for name, group in (("ddp-gloo", gloo), ("ddp-unison", None), ("compute", gloo)):
         m = nn.parallel.DistributedDataParallel(make()[0], process_group=group)
         o = torch.optim.SGD(m.parameters(), lr=0.01)
 
@@ -114,17 +125,16 @@ def main() -> None:
                 F.cross_entropy(m(data), target).backward()
                 o.step()
 
-        fns[name] = dstep
-        if name == "ddp-gloo":
+        def nstep(m: nn.Module = m, o: torch.optim.Optimizer = o) -> None:
+            for _ in range(steps):
+                o.zero_grad()
+                with m.no_sync():  # type: ignore[operator]
+                    F.cross_entropy(m(data), target).backward()
+                o.step()
 
-            def nstep(m: nn.Module = m, o: torch.optim.Optimizer = o) -> None:
-                for _ in range(steps):
-                    o.zero_grad()
-                    with m.no_sync():  # type: ignore[operator]
-                        F.cross_entropy(m(data), target).backward()
-                    o.step()
-
-            fns["compute"] = nstep
+        fns[name] = nstep if name == "compute" else dstep
+        if name != "compute":
+            models[name] = m.module
     for f in fns.values():
         for _ in range(2):
             f()
@@ -153,6 +163,19 @@ def main() -> None:
             "cs": round(statistics.median(x[2] for x in v)),
             "vs_ddp_gloo": round(med[k] / med["ddp-gloo"], 2),
         }
+    # every variant that averaged the gradients ran the same steps from the same start
+    ref = torch.cat([p.detach().flatten() for p in models["ddp-gloo"].parameters()])
+    for k, mod in models.items():
+        if (
+            k in fns
+            and k != "ddp-gloo"
+            and not os.environ.get("ALONE")
+            and not os.environ.get("CYCLE")
+        ):
+            mine = torch.cat([p.detach().flatten() for p in mod.parameters()])
+            out[f"{k}_max_param_diff"] = float((mine - ref).abs().max())
+    ref_all = hvd.allgather_object(ref.numpy().tobytes(), name="params")
+    out["ddp_gloo_params_equal_on_every_rank"] = len(set(ref_all)) == 1
     if hvd.rank() == 0:
         print("RESULT", json.dumps(out), flush=True)
     dist.destroy_process_group()
