@@ -9,7 +9,10 @@
 import json
 import sys
 
-ORDER = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier"]
+ORDER = [
+    "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
+    "all_gather_list", "reduce_scatter_list",
+]  # fmt: skip
 
 
 def size_label(n: int) -> str:
