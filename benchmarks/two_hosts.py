@@ -125,6 +125,7 @@ def capacity(hosts: Any, seconds: float, workdir: Path) -> dict[str, Any]:
             if recv.poll() is None:
                 recv.kill()
                 recv.wait()
+            ready.unlink(missing_ok=True)
         row = json.loads(text.strip().splitlines()[-1])
         row["bytes_per_s"] = row["bytes"] / row["seconds"]
         out[f"streams{streams}"] = row
