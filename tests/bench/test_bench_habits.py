@@ -198,3 +198,37 @@ def test_busy_machine_is_warned_before_the_sweep(
     assert ("warning: this machine is busy (1-minute load average 9.50 on 2 cores)" in err) is (
         warned
     ), err
+
+
+def test_tcp_transport_holds_the_mpi_peer_to_tcp() -> None:
+    tcp = cli.mpi_mca({"UNISON_TRANSPORT": "tcp"}, [], None)
+    assert tcp == {"pml": "ob1", "btl": "tcp,self", "btl_tcp_if_include": "lo"}
+    across = cli.mpi_mca({"UNISON_TRANSPORT": "tcp"}, ["btl_tcp_if_include=10.0.0.0/24"],
+                         [("a", 1), ("b", 1)])  # fmt: skip
+    assert across == {"pml": "ob1", "btl": "tcp,self", "btl_tcp_if_include": "10.0.0.0/24"}
+    assert cli.mpi_mca({}, ["btl=self"], None) == {"btl": "self"}  # auto: Open MPI chooses
+    excl = cli.mpi_mca({"UNISON_TRANSPORT": "tcp"}, ["btl_tcp_if_exclude=eth1"], None)
+    assert "btl_tcp_if_include" not in excl  # Open MPI refuses both
+    with pytest.raises(cli.InvalidArgumentError):
+        cli.mpi_mca({}, ["btl"], None)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(
+    _mpirun() is None or cli.missing("mpi") is not None,
+    reason="mpirun or mpi4py missing: pip install 'unison-collectives[mpi]'",
+)
+def test_mpi_peer_takes_the_mca_parameters(tmp_path: Path) -> None:
+    """The parameters reach mpirun: over TCP only the 2-rank job runs and is recorded;
+    with no byte transfer layer but self its ranks cannot reach each other and fail."""
+    out = tmp_path / "b.json"
+    base = ["-np", "2", "--sizes", "8,4K", "-n", "3", "-w", "1", "--compare", "mpi",
+            "--transport", "tcp", "--json", str(out)]  # fmt: skip
+    r = _bench(*base)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["meta"]["mpi_mca"]["btl"] == "tcp,self", data["meta"]
+    assert [x["correct"] for x in data["rows"] if x["impl"] == "mpi"] == [True, True]
+    r = _bench(*base, "--mpi-mca", "btl=self")
+    data = json.loads(out.read_text())
+    assert "mpi" in data["meta"]["skipped"] and data["meta"]["mpi_mca"]["btl"] == "self", data

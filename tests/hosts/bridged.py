@@ -76,6 +76,26 @@ class BridgedHosts:
     def host_addr(self, i: int) -> str:
         return f"10.{self.net}.0.{i + 1}"
 
+    def mpi_agent(self, path: str) -> str:
+        """Write at ``path`` the program Open MPI's mpirun starts its daemons with
+        (``--mca plm_ssh_agent``, called as ``AGENT HOST COMMAND``, ssh's way): it runs
+        COMMAND in HOST's namespace, under a hostname of its own (the namespaces share
+        the machine's, and mpirun would take every daemon for one node); its path."""
+        with open(path, "w") as f:
+            f.write(
+                "#!/bin/sh\n"
+                "host=$1; shift\n"
+                'exec ip netns exec "$host" unshare --uts /bin/sh -c '
+                '\'hostname "$0" && eval "$1"\' "$host" "$*"\n'
+            )
+        os.chmod(path, 0o755)
+        return path
+
+    @property
+    def subnet(self) -> str:
+        """The switch's subnet (CIDR): every host's ``un0`` and the launcher's address."""
+        return f"10.{self.net}.0.0/24"
+
     def shape(self, rate: str) -> None:
         """Limit every host's NIC (egress of its ``un0``) to ``rate`` with tbf."""
         for name in self.names:

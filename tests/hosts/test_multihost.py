@@ -198,19 +198,32 @@ def test_ctrl_c_ends_ranks_on_every_host(two: BridgedHosts, tmp_path: Path) -> N
 
 
 def test_bench_runs_across_hosts(two: BridgedHosts, tmp_path: Path) -> None:
+    """unison, Gloo and (where installed) Open MPI measured across the same two hosts in
+    one run, every row checked; Open MPI's daemons started in the hosts' namespaces."""
+    from unison.bench.cli import missing
+
+    if missing("gloo") is not None:
+        pytest.skip(f"Gloo peer: {missing('gloo')}")
+    peers = ["gloo"] + (["mpi"] if missing("mpi") is None else [])
     out = tmp_path / "bench.json"
     spec = ",".join(f"{n}:2" for n in two.names)
+    agent = two.mpi_agent(str(tmp_path / "agent.sh"))
     r = subprocess.run(
         [sys.executable, "-m", "unison.launch.cli", "bench", "-np", "4", "-H", spec,
          "--rsh", "ip netns exec {host}", "--store-addr", two.launcher_addr,
          "--network-interface", IFACE, "--sizes", "1K,64K", "--iters", "5",
-         "--compare", "gloo", "--json", str(out)],
+         "--compare", ",".join(peers), "--json", str(out),
+         "--mpi-mca", f"plm_ssh_agent={agent}",
+         "--mpi-mca", f"btl_tcp_if_include={two.subnet}",
+         "--mpi-mca", f"oob_tcp_if_include={two.subnet}"],
         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=100,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     import json
 
     data = json.loads(out.read_text())
-    rows = [row for row in data["rows"] if row["impl"] == "unison"]
-    assert {row["size"] for row in rows} == {1024, 65536}, data
-    assert "gloo" in data["meta"]["skipped"], data["meta"]
+    for impl in ("unison", *peers):  # every implementation across the same hosts, checked
+        rows = [row for row in data["rows"] if row["impl"] == impl]
+        assert {row["size"] for row in rows} == {1024, 65536}, (impl, data)
+        assert all(row["correct"] is True and row["np"] == 4 for row in rows), rows
+    assert not data["meta"]["skipped"], data["meta"]

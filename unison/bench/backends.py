@@ -177,6 +177,11 @@ class UnisonBackend(Backend):
 
 
 class GlooBackend(Backend):
+    """torch.distributed over Gloo. On one host its ranks meet at ``127.0.0.1:port``;
+    across hosts (``port`` 0) rank 0 serves a torch TCPStore and posts its address in
+    the launcher's store, and Gloo's connections use ``unison run``'s network
+    interface (``GLOO_SOCKET_IFNAME``), as unison's do."""
+
     name = "gloo"
 
     def __init__(self, port: int) -> None:
@@ -186,9 +191,41 @@ class GlooBackend(Backend):
         self.torch, self.dist = torch, dist
         self.rank = int(os.environ["UNISON_RANK"])
         self.size = int(os.environ["UNISON_SIZE"])
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank, world_size=self.size
-        )
+        if port:
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank, world_size=self.size
+            )
+            return
+        iface = os.environ.get("UNISON_NETWORK_INTERFACE", "")
+        if iface:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+        store = self._meet(iface)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.size)
+
+    def _meet(self, iface: str) -> Any:
+        """A torch TCPStore served by rank 0, found through the launcher's store."""
+        import datetime
+
+        from ..bootstrap import advertise_address
+        from ..jobenv import detect_job
+        from ..store import TCPStore
+
+        job = detect_job(os.environ)
+        assert job.store_addr is not None and job.secret is not None
+        key, timeout = "bench/gloo/store", 120.0
+        td = datetime.timedelta(seconds=timeout)
+        dist: Any = self.dist  # torch's stubs do not export TCPStore
+        with TCPStore(*job.store_addr, job.secret, timeout=timeout) as meet:
+            if self.rank == 0:
+                here = advertise_address(job.store_addr[0], iface)
+                store = dist.TCPStore(here, 0, self.size, True, td, wait_for_workers=False)
+                meet.set(key, f"{here}:{store.port}".encode())
+            else:
+                meet.wait([key], timeout=timeout)
+                host, _, port = meet.get(key).decode().rpartition(":")
+                store = dist.TCPStore(host, int(port), self.size, False, td)
+            # the launcher's store lives as long as the job: no one waits for the others
+        return store
 
     def barrier(self) -> None:
         self.dist.barrier()

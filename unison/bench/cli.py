@@ -93,6 +93,16 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--compare", default="", help="peers to measure too: gloo,mpi")
     p.add_argument(
+        "--mpi-mca",
+        dest="mpi_mca",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an Open MPI MCA parameter for the mpi peer's mpirun (repeatable; e.g. "
+        "btl_tcp_if_include=10.0.0.0/24, plm_ssh_agent=FILE to start its daemons on the "
+        "-H hosts the way --rsh does); --transport tcp already holds it to pml ob1, btl tcp,self",
+    )
+    p.add_argument(
         "--no-check", dest="check", action="store_const", const=0, help="the same as -c 0"
     )
     p.add_argument("--json", default="", help="write every row and the run's context here")
@@ -139,14 +149,16 @@ def run_impl(
     timeout: float,
     placement: dict[str, Any] | None = None,
     show: Callable[[dict[str, Any]], None] | None = None,
+    mpi_mca: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Run one implementation's sweep; (rows, failure reason). ``placement``: the
     multi-host options of ``unison run`` (hosts, rsh, store_addr, network_interface);
-    ``show`` is called with each row while the sweep runs, as rank 0 writes it."""
+    ``show`` is called with each row while the sweep runs, as rank 0 writes it;
+    ``mpi_mca``: the MCA parameters of a job mpirun starts (:func:`mpi_mca`)."""
     with tempfile.TemporaryDirectory(prefix="unison-bench-") as tmp:
         out = os.path.join(tmp, "rows.jsonl")
         with _Follower(out, show):
-            status = _launch(impl, spec, np_, env, timeout, placement, tmp, out)
+            status = _launch(impl, spec, np_, env, timeout, placement, tmp, out, mpi_mca or {})
         if isinstance(status, str):
             return [], status
         if status in (130, -2):  # the job was interrupted (Ctrl-C): stop the whole sweep
@@ -209,15 +221,21 @@ def _launch(
     placement: dict[str, Any] | None,
     tmp: str,
     out: str,
+    mca: dict[str, str],
 ) -> int | str:
     """Start one implementation's ranks and wait: their exit status, or why they timed out."""
     worker = [sys.executable, "-m", "unison.bench.worker", impl, spec.to_json(), out]
+    hosts = (placement or {}).get("hosts")
     if impl == "mpi" or (impl == "unison" and env.get("UNISON_BACKEND") == "mpi"):
         mpirun = _mpirun()
         assert mpirun is not None
         cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
         if os.geteuid() == 0:
             cmd.insert(1, "--allow-run-as-root")
+        if hosts:
+            cmd += ["--host", ",".join(f"{name}:{slots}" for name, slots in hosts)]
+        for key, value in mca.items():
+            cmd += ["--mca", key, value]
         # the ranks' file store (else /tmp/unison-ompi-<job>) lives in our temp dir,
         # which is removed however the run ends
         env = {**env, "UNISON_STORE_PATH": os.path.join(tmp, "store")}
@@ -227,14 +245,39 @@ def _launch(
             return f"{impl} timed out after {timeout:g} s"
     from ..launch.launcher import run_job
 
+    # across hosts, Gloo's ranks meet through the launcher's store (port 0), not 127.0.0.1
     return run_job(
-        [*worker, str(_free_port())],
+        [*worker, "0" if hosts else str(_free_port())],
         np_,
         env=env,
         prefix=False,
         job_timeout=timeout,
         **(placement or {}),
     )
+
+
+def mpi_mca(
+    env: dict[str, str], given: list[str], hosts: list[tuple[str, int]] | None
+) -> dict[str, str]:
+    """The MCA parameters of the mpi peer's mpirun: under ``UNISON_TRANSPORT=tcp`` Open
+    MPI is held to TCP too (pml ob1, whose byte transfer layers are then only tcp and
+    self: no shared memory, and no UCX, which would pick its own transports whatever
+    ``btl`` says), over loopback on one host; then ``given`` (KEY=VALUE), which wins."""
+    mca: dict[str, str] = {}
+    if env.get("UNISON_TRANSPORT") == "tcp":
+        mca.update(pml="ob1", btl="tcp,self")
+        if not hosts:
+            mca["btl_tcp_if_include"] = "lo"  # Open MPI leaves loopback out by default
+    for item in given:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgumentError(f"--mpi-mca takes KEY=VALUE, got {item!r}")
+        mca[key.strip()] = value
+    if "btl_tcp_if_exclude" in mca and "btl_tcp_if_include" not in dict(
+        i.partition("=")[::2] for i in given
+    ):
+        mca.pop("btl_tcp_if_include", None)  # Open MPI takes one of the two
+    return mca
 
 
 def main(args: argparse.Namespace) -> int:
@@ -323,6 +366,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.transport:
         env["UNISON_TRANSPORT"] = args.transport
     env["UNISON_BACKEND"] = args.backend
+    from ..launch.hosts import host_list
+
+    hosts = host_list(args.hosts, args.hostfile)
+    mca = mpi_mca(env, args.mpi_mca, hosts)
     launched = _launched_rank()
     leader = launched is None or launched[0] == 0
     load_before = os.getloadavg()
@@ -345,6 +392,8 @@ def _main(args: argparse.Namespace) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "skipped": {},
     }
+    if "mpi" in peers or args.backend == "mpi":
+        meta["mpi_mca"] = mca
 
     def show(row: dict[str, Any]) -> None:
         print(row_line(row), flush=True)
@@ -356,7 +405,7 @@ def _main(args: argparse.Namespace) -> int:
         if not leader:
             return 0
     else:
-        rows, ran = _sweep_each(args, spec, env, ["unison", *peers], meta, show)
+        rows, ran = _sweep_each(args, spec, env, ["unison", *peers], meta, show, mca)
     meta["load_after"] = os.getloadavg()
     ran_peers = [i for i in ran if i != "unison"]
     if ran_peers:
@@ -385,9 +434,12 @@ def _sweep_each(
     impls: list[str],
     meta: dict[str, Any],
     show: Callable[[dict[str, Any]], None],
+    mca: dict[str, str],
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Each implementation on its own ``-np`` ranks, one after the other."""
-    from ..launch.hosts import host_list
+    """Each implementation on its own ``-np`` ranks, one after the other (over ``-H``
+    hosts too: Gloo under ``unison run``'s launcher, Open MPI's daemons started through
+    ssh or, for another ``--rsh``, the ``plm_ssh_agent`` given with ``--mpi-mca``)."""
+    from ..launch.hosts import DEFAULT_RSH, host_list
 
     rows: list[dict[str, Any]] = []
     ran: list[str] = []
@@ -403,11 +455,20 @@ def _sweep_each(
         meta["hosts"] = hosts
     for impl in impls:
         why = missing(impl)
-        if why is None and hosts is not None and impl != "unison":
-            why = "peers are measured on one host only (no -H for gloo/mpi yet)"
+        if (
+            why is None
+            and impl == "mpi"
+            and hosts is not None
+            and args.rsh != DEFAULT_RSH
+            and "plm_ssh_agent" not in mca
+        ):
+            why = (
+                f"mpirun starts its daemons with ssh, not --rsh {args.rsh!r}: give "
+                "--mpi-mca plm_ssh_agent=FILE (FILE HOST COMMAND runs COMMAND on HOST)"
+            )
         if why is None:
             print(row_header(impl, args.np, args.dtype), flush=True)
-            got, why = run_impl(impl, spec, args.np, env, args.timeout, placement, show)
+            got, why = run_impl(impl, spec, args.np, env, args.timeout, placement, show, mca)
             rows += got
         if why is not None:
             meta["skipped"][impl] = why
