@@ -48,6 +48,14 @@ step np2 unison bench -np 2 --ops $OPS --sizes $SIZES --compare gloo,mpi --json 
 step np4 unison bench -np 4 --ops $OPS --sizes $SIZES --compare gloo,mpi --json "$OUT/np4.json"
 step lists2 unison bench -np 2 --ops all_reduce,all_gather,all_gather_list,reduce_scatter,reduce_scatter_list \
   --sizes 8 --compare gloo,mpi --json "$OUT/lists2.json"
+# the floors behind the rows that trail OpenMPI: the single-copy all_gather forced, and
+# the least a Python process spends on an 8-byte all-reduce (no unison code)
+step forced2 unison bench -np 2 --ops all_gather --sizes 1M,256M --algo all_gather:cma \
+  --json "$OUT/forced2.json"
+step forced4 unison bench -np 4 --ops all_gather --sizes 1M --algo all_gather:cma \
+  --json "$OUT/forced4.json"
+step floor2 python benchmarks/floor.py --np 2 --calls 20000
+step floor4 python benchmarks/floor.py --np 4 --calls 5000
 # TCP on loopback: unison's TCP transport against Gloo and OpenMPI held to TCP
 step tcp2 env UNISON_TRANSPORT=tcp unison bench -np 2 --ops $OPS --sizes 8,64K,1M,16M \
   --compare gloo,mpi --json "$OUT/tcp2.json"
@@ -67,7 +75,8 @@ step setup2 unison run -np 2 python benchmarks/setup_times.py --reps 15
 step setup4 unison run -np 4 python benchmarks/setup_times.py --reps 10
 # two hosts in network namespaces over a veth pair (root)
 if [ "$(id -u)" = 0 ]; then
-  step twohosts python benchmarks/two_hosts.py --json "$OUT/twohosts.json"
+  step twohosts env PYTHONPATH=. python benchmarks/two_hosts.py --links unshaped,10gbit,1gbit \
+    --out "$OUT/twohosts"
 fi
 # the cost model against what was measured
 step simulate bash -c "for f in $OUT/np2.json $OUT/np4.json; do unison simulate --validate \$f; done"
