@@ -59,6 +59,10 @@ step floor4 python benchmarks/floor.py --np 4 --calls 5000
 # TCP on loopback: unison's TCP transport against Gloo and OpenMPI held to TCP
 step tcp2 env UNISON_TRANSPORT=tcp unison bench -np 2 --ops $OPS --sizes 8,64K,1M,16M \
   --compare gloo,mpi --json "$OUT/tcp2.json"
+# ... and the rooted collectives without the signature confirmation (desync detection's
+# extra exchange), to show what that promise costs on TCP
+step tcp2-nocheck env UNISON_TRANSPORT=tcp UNISON_CHECK_MISMATCH=0 unison bench -np 2 \
+  --ops broadcast --sizes 8,64K,1M --compare gloo --json "$OUT/tcp2-nocheck.json"
 # k busy loops beside the job
 step busy python benchmarks/busy_cpu.py --np 2 4 --hogs 0 1 2 4 --json "$OUT/busy.json"
 # training steps: Horovod API and DDP over unison against DDP over Gloo, interleaved
