@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import selectors
 import signal
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .bridged import IFACE, BridgedHosts
+from .output import read_until
 
 __all__ = ["Measurement", "kill_host", "main", "measure"]
 
@@ -115,28 +115,17 @@ def measure(
     )
     assert proc.stdout is not None
     killed_at = None
-    lines: list[str] = []
     try:
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        while killed_at is None and time.monotonic() < deadline:
-            if not sel.select(timeout=1.0):
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "READY" in line:
-                assert kill_host(h1) >= 2  # the wrappers and the ranks of that host
-                killed_at = time.time()
-        sel.close()
+        head, ready = read_until(proc, lambda text: "READY" in text, timeout)
+        if ready:
+            assert kill_host(h1) >= 2  # the wrappers and the ranks of that host
+            killed_at = time.time()
         out, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    stdout = "".join(lines) + out
+    stdout = head + out
     recovered = [
         tuple(float(x) for x in line.split("RECOVERED_AT ", 1)[1].split()[:5])
         for line in stdout.splitlines()

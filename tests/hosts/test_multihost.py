@@ -18,6 +18,7 @@ import pytest
 from unison.testing.netns import unavailable
 
 from .bridged import IFACE, BridgedHosts
+from .output import read_until
 
 WHY = unavailable()
 pytestmark = [
@@ -186,8 +187,8 @@ def test_ctrl_c_ends_ranks_on_every_host(two: BridgedHosts, tmp_path: Path) -> N
         text=True, env=env,
     )  # fmt: skip
     assert proc.stdout is not None
-    for _ in range(4):
-        assert "READY" in proc.stdout.readline()
+    head, ready = read_until(proc, lambda text: text.count("READY") >= 4, 120)
+    assert ready, head
     assert all(_pids(n) for n in two.names)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)

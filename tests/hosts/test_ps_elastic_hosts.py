@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from unison.testing.netns import unavailable
 
 from .bridged import IFACE, BridgedHosts
+from .output import read_until
 from .recovery_time import kill_host
 
 WHY = unavailable()
@@ -51,21 +51,10 @@ def test_lost_host_of_workers_then_replacements_join_across_hosts(tmp_path: Path
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
         )
         assert proc.stdout is not None
-        # read with os.read, as communicate() does afterwards: a buffered readline could
-        # hold lines that arrived with READY, which communicate() would never see
-        head = b""
         try:
-            sel = selectors.DefaultSelector()
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while sel.select(timeout=120):
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                if not chunk:
-                    break
-                head += chunk
-                if b"READY" in head:
-                    assert kill_host(h0) >= 2  # workers 0 and 1 and their wrappers
-                    break
-            sel.close()
+            head, ready = read_until(proc, lambda text: "READY" in text, 120)
+            if ready:
+                assert kill_host(h0) >= 2  # workers 0 and 1 and their wrappers
             out, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
@@ -73,7 +62,7 @@ def test_lost_host_of_workers_then_replacements_join_across_hosts(tmp_path: Path
                 proc.wait()
     finally:
         hosts.close()
-    stdout = head.decode() + out
+    stdout = head + out
     assert proc.returncode == 0, err[-4000:]
     assert f"; blacklist failing host: {h0} (for " in err, err[-4000:]
     for wid in (0, 1):

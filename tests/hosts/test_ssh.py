@@ -23,6 +23,7 @@ import pytest
 from unison.testing.netns import unavailable
 
 from .bridged import IFACE, BridgedHosts
+from .output import read_until
 from .sshd import SshHosts, sshd_missing
 
 WHY = unavailable() or sshd_missing()
@@ -116,9 +117,8 @@ def test_arguments_environment_cwd_and_no_secret_in_ps(
     proc = _launch(hosts, sshd, tmp_path, "check", str(tmp_path), *ARGS, stdin=STDIN)
     assert proc.stdout is not None
     try:
-        for _ in range(4):
-            line = proc.stdout.readline()
-            assert "READY" in line, line + (proc.stderr.read() if proc.poll() else "")
+        head, ready = read_until(proc, lambda text: text.count("READY") >= 4, 120)
+        assert ready, head + (proc.stderr.read() if proc.poll() is not None else "")
         secrets = {(tmp_path / f"secret.{r}").read_text() for r in range(4)}
         assert len(secrets) == 1 and len(secrets.pop()) == 64
         secret = (tmp_path / "secret.0").read_text()
@@ -135,6 +135,7 @@ def test_arguments_environment_cwd_and_no_secret_in_ps(
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
+    out = head + out
     assert proc.returncode == 0, err
     assert secret not in out + err
     results = [json.loads(line.split("OUT ", 1)[1]) for line in out.splitlines() if "OUT " in line]
@@ -161,9 +162,8 @@ def test_signal_to_launcher_leaves_nothing_remote(
     proc = _launch(hosts, sshd, tmp_path, "hang", str(tmp_path))
     assert proc.stdout is not None
     try:
-        for _ in range(4):
-            line = proc.stdout.readline()
-            assert "READY" in line, line + (proc.stderr.read() if proc.poll() else "")
+        head, ready = read_until(proc, lambda text: text.count("READY") >= 4, 120)
+        assert ready, head + (proc.stderr.read() if proc.poll() is not None else "")
         assert _remote_pids(hosts, sshd)
         proc.send_signal(signum)
         deadline = time.monotonic() + 5
