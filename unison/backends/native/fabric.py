@@ -122,9 +122,10 @@ class Fabric:
         they read the same link model (the host's cached calibration)."""
         from ...transport import calibrate
 
-        cal = calibrate.load()  # never measures: the cache, else typical figures
-        mine_model = cal.digest()
-        summary = {"shm": mine, "model": mine_model}
+        # only a job whose ranks all share memory uses the host's model: others read nothing
+        cal = calibrate.load() if mine else None  # never measures: the cache, else typical
+        mine_model = cal.digest() if cal is not None else None
+        summary: dict[str, object] = {"shm": mine, "model": mine_model}
         told = self.messages.exchange(peers, SUMMARY, {p: summary for p in peers}, deadline)
         self._shared_job = mine and all(bool(told[p].get("shm")) for p in peers)
         if self._shared_job:
