@@ -59,7 +59,7 @@ typecheck: $(STAMP)
 # The whole suite (on one host ranks use shared memory), then the collectives again
 # with TCP forced: both transports must pass.
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 	UNISON_TEST_TRANSPORT=tcp $(BIN)/python -m pytest -q tests/comm
 
 test: lint typecheck unit test-notorch
