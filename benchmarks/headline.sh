@@ -41,11 +41,14 @@ step() {
 [ -n "${ONLY:-}" ] || quiet 0.3
 echo "series start: load $(cat /proc/loadavg), $(nproc) CPUs, $(python -c 'import platform; print(platform.processor() or platform.machine())')"
 OPS=all_reduce,broadcast,all_gather,reduce_scatter
-SIZES=8,64K,1M,16M,256M
+SIZES=8,64K,1M,16M
 step calib unison bench --calibrate
 # the collectives on one host (README's table; the rows behind OpenMPI and Gloo)
 step np2 unison bench -np 2 --ops $OPS --sizes $SIZES --compare gloo,mpi --json "$OUT/np2.json"
 step np4 unison bench -np 4 --ops $OPS --sizes $SIZES --compare gloo,mpi --json "$OUT/np4.json"
+# the 256 MiB rows: all_gather at np=2, all_reduce at np=4
+step big2 unison bench -np 2 --ops all_gather --sizes 256M --compare gloo,mpi --json "$OUT/big2.json"
+step big4 unison bench -np 4 --ops all_reduce --sizes 256M --compare gloo,mpi --json "$OUT/big4.json"
 step lists2 unison bench -np 2 --ops all_reduce,all_gather,all_gather_list,reduce_scatter,reduce_scatter_list \
   --sizes 8 --compare gloo,mpi --json "$OUT/lists2.json"
 # the floors behind the rows that trail OpenMPI: the single-copy all_gather forced, and
@@ -64,15 +67,15 @@ step tcp2 env UNISON_TRANSPORT=tcp unison bench -np 2 --ops $OPS --sizes 8,64K,1
 step tcp2-nocheck env UNISON_TRANSPORT=tcp UNISON_CHECK_MISMATCH=0 unison bench -np 2 \
   --ops broadcast --sizes 8,64K,1M --compare gloo --json "$OUT/tcp2-nocheck.json"
 # k busy loops beside the job
-step busy python benchmarks/busy_cpu.py --np 2 4 --hogs 0 1 2 4 --json "$OUT/busy.json"
+step busy python benchmarks/busy_cpu.py --np 2 4 --hogs 1 2 4 --json "$OUT/busy.json"
 # training steps: Horovod API and DDP over unison against DDP over Gloo, interleaved
 step train-comm2 env LAYERS=12 unison run -np 2 python benchmarks/hvd_train_ab.py 30
 step train-comm4 env LAYERS=12 unison run -np 4 python benchmarks/hvd_train_ab.py 20
 step train-conv2 env MODEL=conv unison run -np 2 python benchmarks/hvd_train_ab.py 20
-step train-conv4 env MODEL=conv unison run -np 4 python benchmarks/hvd_train_ab.py 12
+step train-conv4 env MODEL=conv unison run -np 4 python benchmarks/hvd_train_ab.py 8
 step tf2 bash -c 'for i in 1 2; do
-  unison run -np 2 python examples/tensorflow2_synthetic_benchmark.py
-  python examples/tensorflow2_synthetic_benchmark.py --mode mwms --np 2; done'
+  unison run -np 2 python examples/tensorflow2_synthetic_benchmark.py --num-iters 3
+  python examples/tensorflow2_synthetic_benchmark.py --mode mwms --np 2 --num-iters 3; done'
 step launchers2 python benchmarks/ddp_step_launchers.py -np 2
 # set-up and teardown
 step setup2 unison run -np 2 python benchmarks/setup_times.py --reps 15
@@ -80,9 +83,9 @@ step setup4 unison run -np 4 python benchmarks/setup_times.py --reps 10
 # two hosts in network namespaces over a veth pair (root)
 if [ "$(id -u)" = 0 ]; then
   step twohosts env PYTHONPATH=. python benchmarks/two_hosts.py --links unshaped,10gbit,1gbit \
-    --out "$OUT/twohosts"
+    -n 10 --out "$OUT/twohosts"
 fi
 # the cost model against what was measured
-step simulate bash -c "for f in $OUT/np2.json $OUT/np4.json; do unison simulate --validate \$f; done"
+step simulate bash -c "for f in $OUT/np2.json $OUT/np4.json $OUT/big2.json $OUT/big4.json; do unison simulate --validate \$f; done"
 echo "series end: load $(cat /proc/loadavg)"
 [ -s "$OUT/np2.json" ] && python benchmarks/tables.py --headline "$OUT/np2.json"
