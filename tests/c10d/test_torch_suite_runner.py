@@ -37,3 +37,10 @@ def test_failure_text_extracts_the_exception_lines() -> None:
     )
     assert "ValueError: monitored_barrier" in ts._failure_text(log, "test_x")
     assert ts._failure_text(log, "test_z") == "(no failure report found)"
+
+
+def test_run_fails_on_a_failed_test_or_when_nothing_passed() -> None:
+    assert ts.run_status({"test_a": "pass", "test_b": "skip"}) == 0
+    assert ts.run_status({"test_a": "pass", "test_b": "fail"}) == 1
+    assert ts.run_status({"test_a": "skip"}) == 1  # nothing ran
+    assert ts.run_status({}) == 1

@@ -280,6 +280,44 @@ def keras_local(hvd: Any) -> None:
     assert float(np.asarray(b.kernel)[0, 0]) == r + 7.0, b.kernel
 
 
+def broadcast_inplace(hvd: Any) -> None:
+    """``broadcast_`` as Horovod's: it returns the variables' values read after the
+    broadcast (tensors, not the variables). In a tf.compat.v1 graph evaluating those
+    values runs the broadcast, for resource and reference variables alike, and leaves
+    the variables holding the root's values; eagerly it has run already."""
+    import tensorflow as tf
+    from tensorflow.python.ops import resource_variable_ops
+
+    try:  # where TF keeps the reference variable (Horovod's test imports it the same way)
+        from tensorflow.python.ops.variables import RefVariable
+    except ImportError:
+        from tensorflow.python.ops.ref_variable import RefVariable
+
+    r, n = hvd.rank(), hvd.size()
+    for root in range(n):
+        for dtype in (tf.float32, tf.int32, tf.bool):
+            start = np.full((3, 4), r % 2 if dtype == tf.bool else r + 1)
+            want = np.full((3, 4), root % 2 if dtype == tf.bool else root + 1)
+            want = want.astype(dtype.as_numpy_dtype)
+            v = tf.Variable(tf.cast(start, dtype))
+            (out,) = hvd.broadcast_([v], root)
+            assert isinstance(out, tf.Tensor), f"eager broadcast_ returned {type(out)}"
+            assert np.array_equal(out.numpy(), want), (root, dtype, out.numpy())
+            assert np.array_equal(v.numpy(), want), (root, dtype, v.numpy())
+            for make in (resource_variable_ops.ResourceVariable, RefVariable):
+                with tf.Graph().as_default():
+                    gv = make(tf.cast(start, dtype))
+                    (gout,) = hvd.broadcast_([gv], root)
+                    assert isinstance(gout, tf.Tensor), (make.__name__, type(gout))
+                    with tf.compat.v1.Session() as sess:
+                        sess.run(tf.compat.v1.global_variables_initializer())
+                        got = sess.run(gout)
+                        held = sess.run(gv)
+                    what = (make.__name__, root, dtype.name)
+                    assert np.array_equal(got, want), (*what, "value", got)
+                    assert np.array_equal(held, want), (*what, "variable", held)
+
+
 CHECKS: dict[str, Callable[[Any], None]] = {
     "graph_any_order": graph_any_order,
     "error_types": error_types,
@@ -291,6 +329,7 @@ CHECKS: dict[str, Callable[[Any], None]] = {
     "sync_batch_norm": sync_batch_norm,
     "legacy_optimizer": legacy_optimizer,
     "keras_local": keras_local,
+    "broadcast_inplace": broadcast_inplace,
 }
 
 

@@ -29,6 +29,7 @@ KERAS3 = [
     "legacy_optimizer",
     "keras_local",
     "graph_any_order",
+    "broadcast_inplace",
 ]
 ENV = {"UNISON_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow",
        "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # fmt: skip

@@ -45,9 +45,15 @@ def broadcast_(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Any:
-    """In-place broadcast of ``variables`` (Horovod's ``broadcast_``)."""
-    broadcast_variables(variables, root_rank, process_set)
-    return list(variables)
+    """In-place broadcast of ``variables`` (Horovod's ``broadcast_``): the variables'
+    values read after the broadcast. In a graph those reads depend on the broadcast, so
+    evaluating them runs it (as Horovod's in-place op does)."""
+    vs = list(variables)
+    op = broadcast_variables(vs, root_rank, process_set)
+    if op is None:  # eager: the variables hold the root's values already
+        return [v.read_value() for v in vs]
+    with tf.control_dependencies([op]):
+        return [v.read_value() for v in vs]
 
 
 def broadcast_global_variables(root_rank: int) -> Any:

@@ -38,7 +38,7 @@ import unittest
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EXPECTED", "SuiteResult", "compare", "main", "run_suite"]
+__all__ = ["EXPECTED", "SuiteResult", "compare", "main", "run_status", "run_suite"]
 
 #: tests that may pass on Gloo and fail on unison, and why that is not a defect
 EXPECTED: dict[str, str] = {
@@ -298,6 +298,13 @@ def compare(gloo: dict[str, str], unison: dict[str, str]) -> tuple[list[str], li
     return [t for t in missing if t not in EXPECTED], [t for t in missing if t in EXPECTED]
 
 
+def run_status(outcomes: dict[str, str]) -> int:
+    """The exit status of ``run``: 1 when a selected test failed or none passed (a
+    selection that ran nothing proves nothing), else 0."""
+    values = list(outcomes.values())
+    return 1 if "fail" in values or "pass" not in values else 0
+
+
 def _failure_text(log: str, test: str) -> str:
     """The exception lines of ``test``'s failure report in a run's log."""
     lines = log.splitlines()
@@ -342,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             o: sum(1 for v in res["outcomes"].values() if v == o) for o in ("pass", "fail", "skip")
         }
         print(f"torch_suite: {args.backend} np={args.world_size}: {counts} in {res['wall_s']} s")
-        return 0
+        return run_status(res["outcomes"])
     keep = args.keep or tempfile.mkdtemp(prefix="unison-torch-suite-")
     os.makedirs(keep, exist_ok=True)
     bad = False
