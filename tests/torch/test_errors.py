@@ -72,6 +72,43 @@ def test_duplicate_name_and_async_in_background() -> None:
     hvd_spawn(_duplicate_and_async, 2)
 
 
+def _reuse_right_after_completion() -> int:
+    """Horovod's test_horovod_*_duplicate_name_error: rank 0's operation waits for rank 1,
+    whose own submission completes it at once; reusing the name right away, before the
+    result is collected, is a duplicate in Horovod (its engine takes submissions once a
+    cycle), and must be here too however soon the engine decided it."""
+    import torch
+
+    import unison.torch as hvd
+
+    r, raised = hvd.rank(), 0
+    for i in range(20):
+        name = f"dup{i}"
+        first = 0 if i % 2 else 1  # each rank in turn submits second
+        if r == first:
+            hvd.allgather_async(torch.ones(3), name=name)
+        hvd.barrier()
+        if r != first:
+            hvd.allgather_async(torch.ones(3), name=name)
+            try:
+                hvd.allgather_async(torch.ones(3), name=name)
+            except ValueError:
+                raised += 1
+        hvd.barrier()
+    # a collected result frees its name at once: a loop of synchronous calls reuses it
+    for _ in range(50):
+        assert hvd.allreduce(torch.ones(1), name="loop", op=hvd.Sum).tolist() == [2.0]
+    # and an uncollected one a moment later (Horovod frees it once decided)
+    hvd.allreduce_async(torch.ones(1), name="late", op=hvd.Sum)
+    time.sleep(0.2)  # both ranks submitted: long decided
+    hvd.synchronize(hvd.allreduce_async(torch.ones(1), name="late", op=hvd.Sum))
+    return raised
+
+
+def test_name_reused_right_after_a_completed_uncollected_operation_is_a_duplicate() -> None:
+    assert hvd_spawn(_reuse_right_after_completion, 2) == [10, 10]
+
+
 def _different_orders() -> list[float]:
     import torch
 

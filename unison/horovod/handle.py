@@ -26,9 +26,21 @@ class Handle(Work):
         super().__init__(name)
         self.keep = keep  # tensors that must outlive the operation
         self.engine = engine  # says which ranks have not submitted it
+        #: the caller has seen it finish (``done()`` said True) or waited for it
+        self.collected = False
+        #: when it finished (time.perf_counter), once it has
+        self.finished_at = 0.0
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        if not self.finished:
+            self.finished_at = time.perf_counter()
+        super().finish(result, error)
 
     def done(self) -> bool:
-        return self.finished
+        if self.finished:
+            self.collected = True
+            return True
+        return False
 
     def wait(self, timeout: float | None = None, stalled: Callable[[], str] | None = None) -> Any:
         """The result; ``timeout`` None waits as long as the engine lives (it fails the
@@ -36,6 +48,7 @@ class Handle(Work):
         naming the ranks that have not submitted the operation."""
         from .errors import HorovodInternalError
 
+        self.collected = True
         if timeout is None:
             self._wait_done(None)
         deadline = time.monotonic() + (timeout or 0.0)

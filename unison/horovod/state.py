@@ -33,7 +33,14 @@ from .errors import HorovodInternalError
 from .handle import Entry
 from .negotiation import Coordinator, RequestKind, Response
 
-__all__ = ["EngineState"]
+__all__ = ["NAME_HOLD_S", "EngineState"]
+
+#: Horovod's default cycle time. Its background thread takes submissions once per cycle,
+#: so a name used again right after its first use is still queued there: a duplicate.
+#: unison's engine may decide and run an operation at once, so the name of one whose
+#: result the caller has not collected (synchronize/poll) stays taken until it has
+#: finished and this long after.
+NAME_HOLD_S = 1e-3
 
 
 class EngineState:
@@ -53,6 +60,8 @@ class EngineState:
         self._cv = threading.Condition()
         self._new: list[Entry] = []
         self._pending: dict[str, Entry] = {}
+        #: decided entries whose names are still held (see NAME_HOLD_S)
+        self._held: dict[str, Entry] = {}
         self._inbox: dict[int, dict[int, Any]] = {}
         self._gone: set[int] = set()
         self._error: BaseException | None = None
@@ -97,7 +106,11 @@ class EngineState:
             ) from self._error
         if self._closing:
             raise HorovodInternalError(f"cannot submit {name!r}: Horovod has been shut down")
-        if name in self._pending or any(e.request.name == name for e in self._new):
+        held = self._held.pop(name, None)
+        still_held = held is not None and self._holds(held, time.perf_counter())
+        if held is not None and still_held:
+            self._held[name] = held
+        if still_held or name in self._pending or any(e.request.name == name for e in self._new):
             raise ValueError(
                 f"a tensor named {name!r} is already being processed; names of pending "
                 "operations must be unique (synchronize the earlier one first)"
@@ -221,8 +234,18 @@ class EngineState:
                 e = self._pending.pop(name, None)
                 if e is not None:
                     e.decided = now
+                    if not e.handle.collected:
+                        self._held[name] = e
                 local.append(e)
+            if len(self._held) > 64:  # forget the names whose hold has passed
+                t = time.perf_counter()
+                self._held = {n: h for n, h in self._held.items() if self._holds(h, t)}
             return local
+
+    @staticmethod
+    def _holds(e: Entry, now: float) -> bool:
+        h = e.handle
+        return not h.collected and (not h.finished or now - h.finished_at < NAME_HOLD_S)
 
     def all_decided(self, bits: bytes, name: str) -> None:
         """A steady cycle: every rank sent ``bits`` (naming ``name``), all decided."""
