@@ -89,10 +89,13 @@ test-notorch: $(NOTORCH_STAMP)
 # PyTorch's own distributed suite (torch's DistributedTest, shipped in the wheel), CPU,
 # fork start, world sizes 2 and 3, on Gloo and on "unison": fails when a test that
 # passes on Gloo does not pass on unison (the named exceptions are in
-# unison/testing/torch_suite.py). Outcomes and logs: $(TORCH_SUITE_OUT).
+# unison/testing/torch_suite.py). Outcomes and logs: $(TORCH_SUITE_OUT). Then a sample
+# under spawn start (each rank a fresh interpreter, as test_distributed_spawn.py runs it).
 TORCH_SUITE_OUT ?= .torch-suite
 torch-suite: $(STAMP)
 	$(BIN)/python -m unison.testing.torch_suite compare --world-sizes 2 3 --keep $(TORCH_SUITE_OUT)
+	$(BIN)/python -m unison.testing.torch_suite run --backend unison --world-size 2 --start spawn \
+		-k '*.test_barrier' -k '*.test_all_reduce_sum'
 
 # 20,000 random operations at np=4, every result checked (a short form runs in `make test`).
 soak: $(STAMP)
