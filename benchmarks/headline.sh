@@ -2,7 +2,7 @@
 # The whole benchmark series: README's headline table and every table of
 # benchmarks/README.md, with their raw files in OUTDIR.
 #
-#   benchmarks/headline.sh [OUTDIR]      # from the repository root, after `make test`
+#   benchmarks/headline.sh [OUTDIR]      # default benchmarks/results/latest; after `make test`
 #   ONLY="np2 train-comm2" benchmarks/headline.sh /tmp/out    # some steps only
 #
 # unison, Gloo (torch.distributed) and OpenMPI (mpi4py) are measured one after the other
@@ -13,7 +13,7 @@
 # three seconds. Each step's log records the load around it. The two-host step needs
 # root (network namespaces) and is skipped otherwise.
 set -u
-OUT=${1:-benchmarks/results}
+OUT=${1:-benchmarks/results/latest}
 mkdir -p "$OUT"
 [ -x .venv/bin/unison ] && export PATH=$PWD/.venv/bin:$PATH
 CORES=$(nproc)
