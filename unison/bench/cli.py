@@ -268,14 +268,14 @@ def mpi_mca(
         mca.update(pml="ob1", btl="tcp,self")
         if not hosts:
             mca["btl_tcp_if_include"] = "lo"  # Open MPI leaves loopback out by default
+    keys = set()
     for item in given:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise InvalidArgumentError(f"--mpi-mca takes KEY=VALUE, got {item!r}")
+        keys.add(key.strip())
         mca[key.strip()] = value
-    if "btl_tcp_if_exclude" in mca and "btl_tcp_if_include" not in dict(
-        i.partition("=")[::2] for i in given
-    ):
+    if "btl_tcp_if_exclude" in keys and "btl_tcp_if_include" not in keys:
         mca.pop("btl_tcp_if_include", None)  # Open MPI takes one of the two
     return mca
 

@@ -30,7 +30,7 @@ from ..comm.work import Work
 from .attendance import Attendance
 from .cache import ResponseCache
 from .errors import HorovodInternalError
-from .handle import Entry
+from .handle import Entry, Handle
 from .negotiation import Coordinator, RequestKind, Response
 
 __all__ = ["NAME_HOLD_S", "EngineState"]
@@ -41,6 +41,11 @@ __all__ = ["NAME_HOLD_S", "EngineState"]
 #: result the caller has not collected (synchronize/poll) stays taken until it has
 #: finished and this long after.
 NAME_HOLD_S = 1e-3
+
+
+def _holds(h: Handle, now: float) -> bool:
+    """Whether the operation of ``h`` still holds its name (see NAME_HOLD_S)."""
+    return not h.collected and (not h.finished or now - h.finished_at < NAME_HOLD_S)
 
 
 class EngineState:
@@ -60,8 +65,8 @@ class EngineState:
         self._cv = threading.Condition()
         self._new: list[Entry] = []
         self._pending: dict[str, Entry] = {}
-        #: decided entries whose names are still held (see NAME_HOLD_S)
-        self._held: dict[str, Entry] = {}
+        #: the handles of decided operations whose names are still held (see NAME_HOLD_S)
+        self._held: dict[str, Handle] = {}
         self._inbox: dict[int, dict[int, Any]] = {}
         self._gone: set[int] = set()
         self._error: BaseException | None = None
@@ -106,11 +111,12 @@ class EngineState:
             ) from self._error
         if self._closing:
             raise HorovodInternalError(f"cannot submit {name!r}: Horovod has been shut down")
-        held = self._held.pop(name, None)
-        still_held = held is not None and self._holds(held, time.perf_counter())
-        if held is not None and still_held:
-            self._held[name] = held
-        if still_held or name in self._pending or any(e.request.name == name for e in self._new):
+        held = self._held.get(name)
+        if held is not None and not _holds(held, time.perf_counter()):
+            del self._held[name]
+            held = None
+        queued = name in self._pending or any(e.request.name == name for e in self._new)
+        if held is not None or queued:
             raise ValueError(
                 f"a tensor named {name!r} is already being processed; names of pending "
                 "operations must be unique (synchronize the earlier one first)"
@@ -234,18 +240,11 @@ class EngineState:
                 e = self._pending.pop(name, None)
                 if e is not None:
                     e.decided = now
-                    if not e.handle.collected:
-                        self._held[name] = e
+                    self._held[name] = e.handle
                 local.append(e)
-            if len(self._held) > 64:  # forget the names whose hold has passed
-                t = time.perf_counter()
-                self._held = {n: h for n, h in self._held.items() if self._holds(h, t)}
+            t = time.perf_counter()  # forget the names whose hold has passed
+            self._held = {n: h for n, h in self._held.items() if _holds(h, t)}
             return local
-
-    @staticmethod
-    def _holds(e: Entry, now: float) -> bool:
-        h = e.handle
-        return not h.collected and (not h.finished or now - h.finished_at < NAME_HOLD_S)
 
     def all_decided(self, bits: bytes, name: str) -> None:
         """A steady cycle: every rank sent ``bits`` (naming ``name``), all decided."""
