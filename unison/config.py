@@ -207,10 +207,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "UNISON_SMALL_BYTES",
         "small_bytes",
-        4096,
+        1 << 20,
         _size,
-        "world collectives up to this size on one host take the shared slot path (not while "
-        "UNISON_ALGO forces algorithms); 0: off",
+        "collectives up to this size (sub-groups: up to 64 KiB at most) on one host take "
+        "the shared slot path (not while UNISON_ALGO forces algorithms); every rank "
+        "allocates twice this in /dev/shm for the world's slots; 0: off",
     ),
     Knob(
         "UNISON_GROUP_SLOTS",
@@ -401,7 +402,7 @@ class Config:
     transport: str = "auto"
     segment_bytes: int = 1 << 20
     inline_send_bytes: int = 1 << 16
-    small_bytes: int = 4096
+    small_bytes: int = 1 << 20
     group_slots: int = 8
     group_arena_bytes: int = 8 << 20
     wait_adapt: bool = False

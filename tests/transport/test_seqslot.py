@@ -128,8 +128,15 @@ def _worker() -> list[str]:
     # a large direct algorithm's rounds sync on the slots' barrier, on their own policy:
     # their long waits (a peer copying a whole chunk) never teach the small path's budgets
     world = world_slots()
+    cap = current().config.small_bytes // 4  # float32 elements filling the world's slot
+    full = [_inp(q, cap, np.float32, 2) for q in range(p)]
+    x, y = full[r].copy(), full[r].copy()
+    un.all_reduce(x)
+    un.all_reduce(y, group=every)
+    if not (np.array_equal(x, reduce_oracle(full, ReduceOp.SUM)) and x.tobytes() == y.tobytes()):
+        bad.append("all_reduce filling the world's slot")
     small_waits = world.policy.waits
-    big = [_inp(q, 64 << 10, np.float32, 1) for q in range(p)]
+    big = [_inp(q, 2 * cap, np.float32, 1) for q in range(p)]  # above the slots
     for _ in range(3):
         x = big[r].copy()
         un.all_reduce(x)
@@ -197,7 +204,7 @@ def test_peer_dying_in_a_slot_wait_fails_the_others_promptly() -> None:
 def _large_mismatch() -> str:
     """Above the slot size the direct shm algorithms run; their rounds sync on the slots,
     which compare the whole signature: disagreeing ranks fail, every one of them."""
-    n = 64 << 10  # float32 elements: 256 KiB, well above UNISON_SMALL_BYTES
+    n = 512 << 10  # float32 elements: 2 MiB, above UNISON_SMALL_BYTES (1 MiB)
     try:
         if un.rank() == 0:
             un.all_reduce(np.ones(n, np.float32))

@@ -40,16 +40,29 @@ from ...transport.shm_segment import Segment, layout_of
 from ...transport.tcp import TcpTransport
 from .setup_exchange import ACK, GROUP_ARENA, HELLO, SetupExchange
 
-__all__ = ["RING_BYTES", "Allocator", "ShmSetup", "reserve"]
+__all__ = ["GROUP_SLOT_BYTES", "RING_BYTES", "Allocator", "ShmSetup", "reserve", "slot_regions"]
 
 log = get_logger("fabric")
 
 #: bytes of each shared-memory ring (one per ordered pair of same-host ranks)
 RING_BYTES = 1 << 19
 _GARENA_MIN = 4096  # a sub-group arena smaller than this is not worth its rounds
+#: the most a sub-group's slots carry (less where ``UNISON_SMALL_BYTES`` is less): every
+#: rank allocates a slot region for each of the ``UNISON_GROUP_SLOTS - 1`` sub-group ids
+#: at start-up, used or not, so these stay small; a larger sub-group collective goes
+#: through the group's arena, allocated only when the group is made
+GROUP_SLOT_BYTES = 64 << 10
 
 #: how a range of this rank's segment is allocated: (segment, offset, length, what)
 Allocator = Callable[[Segment, int, int, str], None]
+
+
+def slot_regions(small: int, group_slots: int) -> tuple[int, int]:
+    """Bytes of one rank's world slot region and of each sub-group's, for slots of
+    ``small`` bytes (0, 0: no slots)."""
+    if small <= 0:
+        return 0, 0
+    return region_bytes(small), region_bytes(min(small, GROUP_SLOT_BYTES))
 
 
 def reserve(seg: Segment, offset: int, length: int, what: str) -> None:
@@ -111,9 +124,11 @@ class ShmSetup:
         slot_bytes = shm_arena.SLOT_BYTES  # read at set-up: tests shrink it
         small = self.config.small_bytes
         small_off = (slot_bytes + 63) // 64 * 64  # after the arena's slot
-        # small-message slot regions per rank: one for the world (group 0) and one for each of
-        # the first sub-groups (ids 1 .. group_slots - 1); later groups take the general path
-        small_len = region_bytes(small) * self.config.group_slots if small > 0 else 0
+        # small-message slot regions per rank: one for the world (group 0) and a smaller one
+        # for each of the first sub-groups (ids 1 .. group_slots - 1); later groups take the
+        # general path
+        world_nb, group_nb = slot_regions(small, self.config.group_slots)
+        small_len = world_nb + group_nb * (self.config.group_slots - 1)
         # after them, the sub-groups' arenas (their rounds sync on the sub-group's slots)
         garena_off = small_off + (small_len + 63) // 64 * 64
         garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
@@ -206,7 +221,7 @@ class ShmSetup:
         self.arena = Arena(self.rank, self._slots, len(self._slots[self.rank]))
         small = self.config.small_bytes
         if small > 0 and len(self._small) == size:
-            nb = region_bytes(small)
+            nb, _ = slot_regions(small, self.config.group_slots)
             regions = [self._small[r][:nb] for r in range(size)]
             self.seqslots = SeqSlots(self.rank, regions, small, adapt=self.config.wait_adapt)
 
@@ -218,17 +233,19 @@ class ShmSetup:
         small = self.config.small_bytes
         if len(ranks) == 1 and ranks[0] == self.rank and small > 0:
             # a group of one: a private region; every call is a local copy or a no-op
-            return SeqSlots(0, [memoryview(bytearray(region_bytes(small)))], small)
+            one = min(small, GROUP_SLOT_BYTES)
+            return SeqSlots(0, [memoryview(bytearray(region_bytes(one)))], one)
         if world is None or self.rank not in ranks or gid >= self.config.group_slots:
             return None
         if gid == 0:
             return world
-        nb = region_bytes(world.slot_bytes)
-        regions = [self._small[r][gid * nb : (gid + 1) * nb] for r in ranks]
+        world_nb, nb = slot_regions(small, self.config.group_slots)
+        at = world_nb + (gid - 1) * nb
+        regions = [self._small[r][at : at + nb] for r in ranks]
         return SeqSlots(
             list(ranks).index(self.rank),
             regions,
-            world.slot_bytes,
+            min(small, GROUP_SLOT_BYTES),
             oversubscribed=world.policy.oversubscribed,  # the host's ranks, not the group's
             adapt=self.config.wait_adapt,
         )
