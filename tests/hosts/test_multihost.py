@@ -228,3 +228,5 @@ def test_bench_runs_across_hosts(two: BridgedHosts, tmp_path: Path) -> None:
         assert {row["size"] for row in rows} == {1024, 65536}, (impl, data)
         assert all(row["correct"] is True and row["np"] == 4 for row in rows), rows
     assert not data["meta"]["skipped"], data["meta"]
+    if "mpi" in peers:  # mpirun put ranks on both hosts (the agent names each host)
+        assert all(r["hostnames"] == 2 for r in data["rows"] if r["impl"] == "mpi"), data

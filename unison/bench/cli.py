@@ -229,11 +229,15 @@ def _launch(
     if impl == "mpi" or (impl == "unison" and env.get("UNISON_BACKEND") == "mpi"):
         mpirun = _mpirun()
         assert mpirun is not None
-        cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
+        cmd = [mpirun, "-np", str(np_)]
         if os.geteuid() == 0:
             cmd.insert(1, "--allow-run-as-root")
         if hosts:
+            # each host's slots as given; no --oversubscribe here: with it, mpirun places
+            # every rank on the first host, whatever the slots say
             cmd += ["--host", ",".join(f"{name}:{slots}" for name, slots in hosts)]
+        else:
+            cmd.insert(1, "--oversubscribe")  # np may exceed this host's cores
         for key, value in mca.items():
             cmd += ["--mca", key, value]
         # the ranks' file store (else /tmp/unison-ompi-<job>) lives in our temp dir,

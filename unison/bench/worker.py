@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import resource
+import socket
 import statistics
 import sys
 import time
@@ -118,7 +119,7 @@ def sweep(
                     case.run()
                     times.append(time.perf_counter() - t0)
                 use = _usage(ru0, resource.getrusage(resource.RUSAGE_SELF), len(times))
-                got = be.gather([err, times, peak_rss(), use])
+                got = be.gather([err, times, peak_rss(), use, socket.gethostname()])
                 if got is None:
                     continue
                 errs = [f"rank {r}: {e}" for r, (e, *_) in enumerate(got) if e]
@@ -136,6 +137,9 @@ def sweep(
                     vcsw=sum(g[3][1] for g in got) / len(got),
                     ivcsw=sum(g[3][2] for g in got) / len(got),
                     buffer_bytes=sum(int(b.nbytes) for b in case.bufs.values()),
+                    # how many distinct host names the ranks ran under (where placement
+                    # is in doubt: did every host get its ranks?)
+                    hostnames=len({g[4] for g in got}),
                     correct=not errs,
                 )
                 if errs:
