@@ -3,8 +3,9 @@
 When every rank of the job shares one host, a collective of the world or of one of the
 first sub-groups (``UNISON_GROUP_SLOTS``, 8 by default) whose payload fits a slot
 (``UNISON_SMALL_BYTES``, 1 MiB by default; a sub-group's slot holds 64 KiB at most)
-skips the algorithms, requests, framing and matching: each rank publishes its bytes and signature in its slot and reads its
-peers'. Such a call reaches the slots two ways, as one operation:
+skips the algorithms, requests, framing and matching: each rank publishes its bytes and
+signature in its slot and reads its peers'. Such a call reaches the slots two ways, as one
+operation:
 
 - *queued* (an async call, or one issued while the group is busy): a numbered
   operation of the group's :class:`~.executor.Executor` like any other (:func:`slot_body`);
