@@ -40,7 +40,15 @@ from ...transport.shm_segment import Segment, layout_of
 from ...transport.tcp import TcpTransport
 from .setup_exchange import ACK, GROUP_ARENA, HELLO, SetupExchange
 
-__all__ = ["GROUP_SLOT_BYTES", "RING_BYTES", "Allocator", "ShmSetup", "reserve", "slot_regions"]
+__all__ = [
+    "GROUP_SLOT_BYTES",
+    "RING_BYTES",
+    "Allocator",
+    "ShmSetup",
+    "group_slot_bytes",
+    "reserve",
+    "slot_regions",
+]
 
 log = get_logger("fabric")
 
@@ -57,12 +65,17 @@ GROUP_SLOT_BYTES = 64 << 10
 Allocator = Callable[[Segment, int, int, str], None]
 
 
-def slot_regions(small: int, group_slots: int) -> tuple[int, int]:
+def group_slot_bytes(small: int) -> int:
+    """What a sub-group's slots (and a group of one's) carry, for ``UNISON_SMALL_BYTES``."""
+    return min(small, GROUP_SLOT_BYTES)
+
+
+def slot_regions(small: int) -> tuple[int, int]:
     """Bytes of one rank's world slot region and of each sub-group's, for slots of
     ``small`` bytes (0, 0: no slots)."""
     if small <= 0:
         return 0, 0
-    return region_bytes(small), region_bytes(min(small, GROUP_SLOT_BYTES))
+    return region_bytes(small), region_bytes(group_slot_bytes(small))
 
 
 def reserve(seg: Segment, offset: int, length: int, what: str) -> None:
@@ -127,7 +140,7 @@ class ShmSetup:
         # small-message slot regions per rank: one for the world (group 0) and a smaller one
         # for each of the first sub-groups (ids 1 .. group_slots - 1); later groups take the
         # general path
-        world_nb, group_nb = slot_regions(small, self.config.group_slots)
+        world_nb, group_nb = slot_regions(small)
         small_len = world_nb + group_nb * (self.config.group_slots - 1)
         # after them, the sub-groups' arenas (their rounds sync on the sub-group's slots)
         garena_off = small_off + (small_len + 63) // 64 * 64
@@ -221,7 +234,7 @@ class ShmSetup:
         self.arena = Arena(self.rank, self._slots, len(self._slots[self.rank]))
         small = self.config.small_bytes
         if small > 0 and len(self._small) == size:
-            nb, _ = slot_regions(small, self.config.group_slots)
+            nb, _ = slot_regions(small)
             regions = [self._small[r][:nb] for r in range(size)]
             self.seqslots = SeqSlots(self.rank, regions, small, adapt=self.config.wait_adapt)
 
@@ -233,19 +246,19 @@ class ShmSetup:
         small = self.config.small_bytes
         if len(ranks) == 1 and ranks[0] == self.rank and small > 0:
             # a group of one: a private region; every call is a local copy or a no-op
-            one = min(small, GROUP_SLOT_BYTES)
+            one = group_slot_bytes(small)
             return SeqSlots(0, [memoryview(bytearray(region_bytes(one)))], one)
         if world is None or self.rank not in ranks or gid >= self.config.group_slots:
             return None
         if gid == 0:
             return world
-        world_nb, nb = slot_regions(small, self.config.group_slots)
+        world_nb, nb = slot_regions(small)
         at = world_nb + (gid - 1) * nb
         regions = [self._small[r][at : at + nb] for r in ranks]
         return SeqSlots(
             list(ranks).index(self.rank),
             regions,
-            min(small, GROUP_SLOT_BYTES),
+            group_slot_bytes(small),
             oversubscribed=world.policy.oversubscribed,  # the host's ranks, not the group's
             adapt=self.config.wait_adapt,
         )
