@@ -57,10 +57,14 @@ typecheck: $(STAMP)
 	$(BIN)/mypy unison
 
 # The whole suite (on one host ranks use shared memory), then the collectives again
-# with TCP forced: both transports must pass.
+# with TCP forced: both transports must pass. Tests run TEST_WORKERS at a time
+# (pytest-xdist; most of a test's time is its ranks waiting on each other); the ones that
+# build network namespaces share one worker. TEST_WORKERS=0: one at a time, in-process.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25
-	UNISON_TEST_TRANSPORT=tcp $(BIN)/python -m pytest -q tests/comm
+	$(BIN)/python -m pytest -q $(XDIST) --durations=25
+	UNISON_TEST_TRANSPORT=tcp $(BIN)/python -m pytest -q $(XDIST) tests/comm
 
 test: lint typecheck unit test-notorch
 

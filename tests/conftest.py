@@ -23,3 +23,18 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("fuzz", max_examples=20000, deadline=None)
 settings.register_profile("default", deadline=None)
 settings.load_profile("default")
+
+
+#: test files that build network namespaces besides tests/hosts/ (a bridged set of hosts
+#: puts an address on the root namespace, in a subnet chosen per process: two sets at
+#: once could pick the same one)
+NETNS_FILES = {"tests/faults/test_netns.py", "tests/launch/test_hosts.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) the tests that build
+    network namespaces run in one worker, one after another."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if path.startswith("tests/hosts/") or path in NETNS_FILES:
+            item.add_marker(pytest.mark.xdist_group("netns"))

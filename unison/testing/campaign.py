@@ -29,9 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..transport.shm_segment import segment_prefix
 
 __all__ = ["CASES", "Case", "main", "run_case"]
 
@@ -233,7 +235,10 @@ def _launch_cmd(case: str, np_: int, engine: str) -> list[str]:
         cmd = [str(mpirun) if mpirun.exists() else "mpirun", "-np", str(np_), "--oversubscribe"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
-        return [*cmd, "-x", "CAMPAIGN_DIR", "-x", "CAMPAIGN_JOB", "-x", "UNISON_TIMEOUT", *me]
+        return [
+            *cmd, "-x", "CAMPAIGN_DIR", "-x", "CAMPAIGN_JOB", "-x", "UNISON_TIMEOUT",
+            "-x", "UNISON_JOB_ID", *me,
+        ]  # fmt: skip
     return [
         sys.executable,
         "-m",
@@ -250,7 +255,9 @@ def _launch_cmd(case: str, np_: int, engine: str) -> list[str]:
 @dataclass
 class _Job:
     """One case's job, ended: its process (None: it hung past 120 s), the folder its
-    ranks reported into, its id, and what existed before it (segments, listeners)."""
+    ranks reported into, its id, what existed before it (segments, listeners), and what
+    names its segments: the job id ``unison run`` gives its ranks holds the launcher's
+    pid; under mpirun the ranks take the campaign's own job id."""
 
     proc: subprocess.CompletedProcess[str] | None
     tmp: Path
@@ -258,26 +265,43 @@ class _Job:
     seg0: set[str]
     ports0: set[str]
     ended: float
+    marks: tuple[str, ...]
 
     def leftovers(self) -> list[str]:
-        return _leftovers(self.job, self.seg0, self.ports0)
+        return _leftovers(self.job, self.seg0, self.ports0, self.marks)
 
 
 def _run_job(case: str, engine: str) -> _Job:
     """Run ``case`` on NP ranks (``unison run``, or mpirun for the mpi engine)."""
     tmp = Path(tempfile.mkdtemp(prefix="unison-campaign-"))
     job = os.urandom(6).hex()
-    env = dict(os.environ, CAMPAIGN_DIR=str(tmp), CAMPAIGN_JOB=job, UNISON_TIMEOUT="5")
+    env = dict(
+        os.environ,
+        CAMPAIGN_DIR=str(tmp),
+        CAMPAIGN_JOB=job,
+        UNISON_TIMEOUT="5",
+        UNISON_JOB_ID=f"campaign-{job}",  # the ranks' under mpirun; unison run sets its own
+    )
     seg0, ports0 = _segments(), _listening()
+    marks = [segment_prefix(env["UNISON_JOB_ID"])]
     proc: subprocess.CompletedProcess[str] | None
-    try:
-        proc = subprocess.run(
-            _launch_cmd(case, NP, engine), env=env, capture_output=True, text=True, timeout=120
-        )
-    except subprocess.TimeoutExpired:
-        shutil.rmtree(tmp, ignore_errors=True)
-        proc = None
-    return _Job(proc, tmp, job, seg0, ports0, time.time())
+    with subprocess.Popen(
+        _launch_cmd(case, NP, engine),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as launched:
+        marks.append(f"-{launched.pid}-")
+        try:
+            out, err = launched.communicate(timeout=120)
+            proc = subprocess.CompletedProcess(launched.args, launched.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            launched.kill()
+            launched.communicate()
+            shutil.rmtree(tmp, ignore_errors=True)
+            proc = None
+    return _Job(proc, tmp, job, seg0, ports0, time.time(), tuple(marks))
 
 
 def _job_case(case: str, expect: str, *, engine: str = "unison", deadline: float = 4.0) -> Outcome:
@@ -334,10 +358,13 @@ def _job_case(case: str, expect: str, *, engine: str = "unison", deadline: float
     return Outcome(not problems, "; ".join(problems) or "every rank as promised", tte, left)
 
 
-def _leftovers(job: str, seg0: set[str], ports0: set[str]) -> list[str]:
+def _leftovers(job: str, seg0: set[str], ports0: set[str], marks: Sequence[str]) -> list[str]:
+    """What the job left: its processes, its segments (by ``marks``: other jobs of the
+    host may run meanwhile), and listening ports while a process of it lives."""
     end = time.monotonic() + 5
     while True:
-        procs, segs = _job_processes(job), sorted(_segments() - seg0)
+        segs = sorted(s for s in _segments() - seg0 if any(m in s for m in marks))
+        procs = _job_processes(job)
         ports = sorted(_listening() - ports0)
         if not (procs or segs) or time.monotonic() > end:
             break
