@@ -91,13 +91,14 @@ test-notorch: $(NOTORCH_STAMP)
 	KERAS_BACKEND=jax $(NOTORCH)/bin/unison run -np 2 $(NOTORCH)/bin/python examples/keras_digits.py
 
 # PyTorch's own distributed suite (torch's DistributedTest, shipped in the wheel), CPU,
-# fork start, world sizes 2 and 3, on Gloo and on "unison": fails when a test that
-# passes on Gloo does not pass on unison (the named exceptions are in
+# fork start, world sizes 2 and 3, on Gloo and on "unison", two runs at a time: fails
+# when a test that passes on Gloo does not pass on unison (the named exceptions are in
 # unison/testing/torch_suite.py). Outcomes and logs: $(TORCH_SUITE_OUT). Then a sample
 # under spawn start (each rank a fresh interpreter, as test_distributed_spawn.py runs it).
 TORCH_SUITE_OUT ?= .torch-suite
 torch-suite: $(STAMP)
-	$(BIN)/python -m unison.testing.torch_suite compare --world-sizes 2 3 --keep $(TORCH_SUITE_OUT)
+	$(BIN)/python -m unison.testing.torch_suite compare --world-sizes 2 3 --jobs 2 \
+		--keep $(TORCH_SUITE_OUT)
 	$(BIN)/python -m unison.testing.torch_suite run --backend unison --world-size 2 --start spawn \
 		-k '*.test_barrier' -k '*.test_all_reduce_sum'
 

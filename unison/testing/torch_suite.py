@@ -36,6 +36,7 @@ import tempfile
 import time
 import unittest
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 __all__ = ["EXPECTED", "SuiteResult", "compare", "main", "run_status", "run_suite"]
@@ -339,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("-k", dest="patterns", action="append", default=[])
     c.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     c.add_argument("--keep", help="a folder for each run's outcomes and log")
+    c.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     args = ap.parse_args(argv)
     if args.cmd == "run":
         res = run_suite(args.backend, args.world_size, args.patterns, args.start, args.verbosity)
@@ -353,14 +355,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     keep = args.keep or tempfile.mkdtemp(prefix="unison-torch-suite-")
     os.makedirs(keep, exist_ok=True)
     bad = False
+
+    def one(backend: str, ws: int) -> dict[str, Any]:
+        out = os.path.join(keep, f"{backend}-np{ws}.json")
+        res = _run_child(backend, ws, args.patterns, args.start, out, args.timeout)
+        with open(os.path.join(keep, f"{backend}-np{ws}.log"), "w") as f:
+            f.write(res["log"])
+        return res
+
+    # the runs are independent processes (each its own ports and stores): --jobs of them
+    # at a time, the results reported in order
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        started = {
+            (b, ws): pool.submit(one, b, ws) for ws in args.world_sizes for b in ("gloo", "unison")
+        }
     for ws in args.world_sizes:
-        runs = {}
-        for backend in ("gloo", "unison"):
-            out = os.path.join(keep, f"{backend}-np{ws}.json")
-            res = _run_child(backend, ws, args.patterns, args.start, out, args.timeout)
-            with open(os.path.join(keep, f"{backend}-np{ws}.log"), "w") as f:
-                f.write(res["log"])
-            runs[backend] = res
+        runs = {b: started[(b, ws)].result() for b in ("gloo", "unison")}
         g, u = runs["gloo"]["outcomes"], runs["unison"]["outcomes"]
         gaps, expected = compare(g, u)
         gp = sum(1 for o in g.values() if o == "pass")
