@@ -267,8 +267,9 @@ class TCPStoreServer:
                 return True
         return False
 
-    def _refuse(self, conn: _Conn, why: str) -> None:
-        """Drop a connection that never authenticated: counted, said once at INFO."""
+    def _refuse(self, conn: _Conn, why: str, reply: bytes = b"") -> None:
+        """Drop a connection that never authenticated: counted, said once at INFO, then
+        sent ``reply`` (so a client told it was refused finds the refusal on record)."""
         self._strangers += 1
         if self._strangers == 1:
             _log.info(
@@ -279,6 +280,9 @@ class TCPStoreServer:
             )
         else:
             _log.debug("store: dropped unauthenticated %s: %s", conn.peer, why)
+        if reply:
+            with contextlib.suppress(OSError):
+                conn.sock.send(reply)
         self._drop(conn)
 
     def _drop(self, conn: _Conn) -> None:
@@ -364,16 +368,16 @@ class TCPStoreServer:
             body = bytes(conn.inbuf[p.HEADER.size + p.MAC_LEN : end])
             del conn.inbuf[:end]
             if not p.verify(self._secret, p.C2S, conn.nonce, conn.rx, body, tag):
-                with contextlib.suppress(OSError):
-                    conn.sock.send(p.REJECT)
                 if conn.authed:
+                    with contextlib.suppress(OSError):
+                        conn.sock.send(p.REJECT)
                     _log.warning(
                         "store: frame from %s failed authentication (replay?); closing",
                         conn.peer,
                     )
                     self._drop(conn)
                 else:
-                    self._refuse(conn, "wrong job secret")
+                    self._refuse(conn, "wrong job secret", reply=p.REJECT)
                 return
             conn.rx += 1
             conn.authed = True
