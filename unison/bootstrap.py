@@ -224,10 +224,10 @@ def connect_mesh(
             if peer == rank:
                 continue
             key = f"{prefix}{peer}"
-            while True:
+            while True:  # a get waits for the key: one request per peer that has joined
                 left = deadline - time.monotonic()
                 try:
-                    store.wait([key], timeout=max(min(left, CANCEL_POLL), 0.001))
+                    raw = store.get(key, timeout=max(min(left, CANCEL_POLL), 0.001))
                     break
                 except StoreTimeoutError:
                     cancelled()
@@ -237,7 +237,7 @@ def connect_mesh(
                             op="init",
                             ranks=[peer],
                         ) from None
-            infos[peer] = PeerInfo(**json.loads(store.get(key, timeout=5.0)))
+            infos[peer] = PeerInfo(**json.loads(raw))
         for peer in range(rank):
             adopt(peer, _connect(infos[peer], secret, job, rank, deadline, cancelled))
         while True:
