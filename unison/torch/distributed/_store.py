@@ -29,21 +29,19 @@ class TorchStore(Store):
         secs = self._timeout(timeout)
         try:
             self._s.wait(list(keys), timedelta(seconds=max(secs, 0.001)))
-        except dist.DistStoreError as exc:
-            missing = self._missing(keys)
-            raise StoreTimeoutError(
-                f"store: keys {missing} did not appear within {secs:g}s ({exc})"
-            ) from None
-        except RuntimeError as exc:
+        except (dist.DistStoreError, RuntimeError) as exc:
             # torch's FileStore reports its timeout as a plain RuntimeError ("Wait
-            # timeout"): keys still missing after it are a timeout (callers retry those
-            # within their own deadline), anything else is a store failure
+            # timeout"). Keys still missing after a timeout are a timeout (callers retry
+            # those within their own deadline); keys that appeared as the wait gave up
+            # are there: the wait is over. Anything else is a store failure.
+            timed_out = isinstance(exc, dist.DistStoreError) or "timeout" in str(exc).lower()
+            if not timed_out:
+                raise StoreError(f"store: wait for {list(keys)} failed: {exc}") from None
             missing = self._missing(keys)
-            if missing and "timeout" in str(exc).lower():
+            if missing:
                 raise StoreTimeoutError(
                     f"store: keys {missing} did not appear within {secs:g}s ({exc})"
                 ) from None
-            raise StoreError(f"store: wait for {list(keys)} failed: {exc}") from None
 
     def _missing(self, keys: Sequence[str]) -> list[str]:
         try:
