@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,7 +70,7 @@ class Executor:
         self._done = 0  # the last one finished
         self._busy = False  # an operation runs now (in a caller's thread or on the worker)
         self._closed = False
-        self._queue: deque[Callable[[], None]] = deque()
+        self._queue: deque[Callable[[], Callable[[], None]]] = deque()
         self._thread: threading.Thread | None = None
         self._inflight: dict[int, OpContext] = {}
         self._early_aborts: dict[int, BaseException] = {}
@@ -116,8 +117,8 @@ class Executor:
 
         work = Work(f"{op.label} #{seq} (group {self.id})", launch)
 
-        def task() -> None:
-            self._execute(seq, me, op, sig, body, work)
+        def task() -> Callable[[], None]:
+            return self._execute(seq, me, op, sig, body, work)
 
         return work
 
@@ -129,18 +130,20 @@ class Executor:
         sig: OpSig,
         body: Callable[[OpContext], Any],
         work: Work,
-    ) -> None:
+    ) -> Callable[[], None]:
+        """Run operation ``seq``; returns what completes its ``work``, for the caller of
+        the turn to run once the turn is released (so that whoever ``wait()`` wakes finds
+        the group idle, and its next blocking call may run in its own thread)."""
         cfg = self.group.config
         ctx = self.context(seq, me, op, sig, time.monotonic() + cfg.timeout)
         with self._lock:
             early = self._broken_error(ctx) or self._early_aborts.pop(seq, None)
             if early is None:
                 self._inflight[seq] = ctx
-        if early is not None:
-            work.finish(error=early)
-            with self._lock:
+            else:
                 self._done = max(self._done, seq)
-            return
+        if early is not None:
+            return partial(work.finish, error=early)
         try:
             self._scan_buffered(ctx)
             confirm = None
@@ -160,12 +163,12 @@ class Executor:
         except CommunicationError as exc:
             err = ctx.named(exc)
             self.fail(ctx, err)
-            work.finish(error=err)
+            return partial(work.finish, error=err)
         except BaseException as exc:
             self.fail(ctx, ctx.local_failure(exc))
-            work.finish(error=exc)
+            return partial(work.finish, error=exc)
         else:
-            work.finish(result)
+            return partial(work.finish, result)
         finally:
             with self._lock:
                 self._inflight.pop(seq, None)
@@ -193,9 +196,10 @@ class Executor:
         return ctx
 
     # --- turns: one operation at a time, in issue order ------------------------------------
-    def _run_ordered(self, task: Callable[[], None], caller_waits: bool) -> None:
+    def _run_ordered(self, task: Callable[[], Callable[[], None]], caller_waits: bool) -> None:
         """Run ``task`` in its turn: now in this thread if ``caller_waits`` and the group is
-        idle, else on the worker thread after everything queued before it."""
+        idle, else on the worker thread after everything queued before it. The turn ends
+        before the completion ``task`` returns runs."""
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self.name} is shut down")
@@ -211,12 +215,13 @@ class Executor:
                 self._cv.notify_all()
                 return
         try:
-            task()
+            complete = task()
         finally:
             with self._lock:
                 self._busy = False
                 if self._queue:  # only the worker waits, and only for queued work
                     self._cv.notify_all()
+        complete()
 
     def _loop(self) -> None:
         while True:
@@ -228,11 +233,12 @@ class Executor:
                 task = self._queue.popleft()
                 self._busy = True
             try:
-                task()
+                complete = task()
             finally:
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
+            complete()
 
     # --- the caller-thread path (CallerThreadCollectives) ------------------------------------
     def prepare(
