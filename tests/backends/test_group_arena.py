@@ -117,6 +117,7 @@ def _on_use() -> list[object]:
     start = _allocated()
     world_ok = start <= fabric.shm_setup.world_part + 4096
     g1 = un.new_group([0, 2])
+    fabric.shm_setup.finish_allocations()  # the members' parts are allocated on a thread
     after1 = _allocated()
     n = NBYTES // 8 + 3
     ins = [_inp(q, n, np.float64, 1) for q in (0, 2)]
@@ -127,6 +128,7 @@ def _on_use() -> list[object]:
             return ["wrong all_reduce"]
     after_use = _allocated()
     g2 = un.new_group([0, 1, 2])
+    fabric.shm_setup.finish_allocations()
     after2 = _allocated()
     un.barrier()
     grew1, grew2 = after1 - start, after2 - after_use
@@ -168,6 +170,7 @@ def _no_room() -> list[object]:
     rt.fabric.shm_setup.set_allocator(full)  # type: ignore[attr-defined]
     before = _allocated()
     g = un.new_group([0, 1])
+    rt.fabric.shm_setup.finish_allocations()  # type: ignore[attr-defined]
     grew = _allocated() - before
     n = NBYTES // 4 + 7
     ins = [_inp(q, n, np.float32, 3) for q in range(2)]
@@ -246,3 +249,41 @@ def test_shared_arena_false_reserves_no_arena() -> None:
     env = {"UNISON_TIMEOUT": "60", "UNISON_GROUP_ARENA_BYTES": str(ARENA)}
     for r, got in enumerate(spawn(_no_arena, 3, timeout=120, env=env)):
         assert got == [0, True, True], (r, got)
+
+
+def _off_thread() -> list[object]:
+    """new_group returns before this rank's part of the group's arena is allocated: the
+    allocation waits for new_group to return (it would never see that if new_group
+    waited for it), and the group's large collective still gets the arena and the
+    oracle's result."""
+    import threading
+
+    from unison.backends.native.shm_setup import reserve
+    from unison.transport.shm_segment import Segment
+
+    returned = threading.Event()
+    saw: list[bool] = []
+
+    def late(seg: Segment, offset: int, length: int, what: str) -> None:
+        saw.append(returned.wait(10.0))
+        reserve(seg, offset, length, what)
+
+    un.init()
+    rt = current()
+    rt.fabric.shm_setup.set_allocator(late)  # type: ignore[attr-defined]
+    g = un.new_group([0, 1])
+    returned.set()
+    n = NBYTES // 4 + 5
+    ins = [_inp(q, n, np.float32, 4) for q in range(2)]
+    x = ins[un.rank()].copy()
+    un.all_reduce(x, group=g)
+    got = [saw, rt.executors[g.id].topo.arena is not None]
+    got.append(bool(np.array_equal(x, reduce_oracle(ins, ReduceOp.SUM))))
+    un.shutdown()
+    return got
+
+
+def test_new_group_does_not_wait_for_its_arena_pages() -> None:
+    env = {"UNISON_TIMEOUT": "60", "UNISON_GROUP_ARENA_BYTES": str(ARENA)}
+    for r, got in enumerate(spawn(_off_thread, 2, timeout=120, env=env)):
+        assert got == [[True], True, True], (r, got)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from ...algorithms import shm_arena
 from ...config import ENV_JOB_ID, Config
-from ...errors import UnsupportedError
+from ...errors import CollectiveTimeoutError, UnsupportedError
 from ...log import get_logger
 from ...transport import cma
 from ...transport.arena import Arena
@@ -38,12 +39,13 @@ from ...transport.shm import ShmTransport
 from ...transport.shm_ring import Ring
 from ...transport.shm_segment import Segment, layout_of
 from ...transport.tcp import TcpTransport
-from .setup_exchange import ACK, GROUP_ARENA, HELLO, SetupExchange
+from .setup_exchange import ACK, GROUP_ARENA, HELLO, Posted, SetupExchange
 
 __all__ = [
     "GROUP_SLOT_BYTES",
     "RING_BYTES",
     "Allocator",
+    "PartAllocation",
     "ShmSetup",
     "group_slot_bytes",
     "reserve",
@@ -83,6 +85,51 @@ def reserve(seg: Segment, offset: int, length: int, what: str) -> None:
     seg.reserve(offset, length, what)
 
 
+class PartAllocation:
+    """This rank's part of a sub-group's arena, allocated on a thread of its own: the
+    pages take milliseconds to allocate (the kernel zeroes them), which would otherwise
+    be spent in ``new_group``. The thread allocates (``allocate()``: "" on success, else
+    why not), then tells the peers (``tell(ok)``: the posted exchange). Nothing of the
+    arena is touched before :meth:`result` returned and every member said yes."""
+
+    def __init__(
+        self, name: str, allocate: Callable[[], str], tell: Callable[[bool], Posted]
+    ) -> None:
+        self.ok = False
+        self.why = ""  # why this rank's part could not be allocated
+        self._allocate, self._tell = allocate, tell
+        self._posted: Posted | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.why = self._allocate()
+            self.ok = not self.why
+            self._posted = self._tell(self.ok)
+        except BaseException as exc:  # the transport closed under it: result() says so
+            self._error = exc
+
+    def result(self, deadline: float, op: str) -> Posted:
+        """The exchange with the peers, once this rank's part is allocated (or not) and
+        its answer sent; raises what the thread met, or a timeout at ``deadline``."""
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            raise CollectiveTimeoutError(
+                f"{op}: this rank's part of the group's shared arena was not allocated in time",
+                op=op,
+            )
+        if self._error is not None:
+            raise self._error
+        assert self._posted is not None
+        return self._posted
+
+    def join(self) -> None:
+        """Wait for the thread (it runs for milliseconds)."""
+        self._thread.join()
+
+
 class ShmSetup:
     """This rank's shared memory with its same-host peers."""
 
@@ -108,6 +155,7 @@ class ShmSetup:
         #: rank -> its sub-groups' arena regions (one per sub-group id 1 .. group_slots - 1)
         self._garena: dict[int, memoryview] = {}
         self._group_arenas: list[Arena] = []
+        self._allocations: list[PartAllocation] = []  # sub-group arena parts (threads)
         self._own: Segment | None = None  # this rank's segment (it allocates its pages)
         self._garena_at = 0  # where the sub-group arenas start in it
         self._token = np.frombuffer(secrets.token_bytes(16), np.uint8).copy()
@@ -279,8 +327,10 @@ class ShmSetup:
 
         Called by every member when the group is made: each allocates its own part of
         the group's arena in its segment (the pages are then resident nowhere until a
-        round touches them) and sends the others whether that succeeded, without waiting
-        (a member may make a group its peers never use: elastic joiners). The function
+        round touches them) and sends the others whether that succeeded, on a thread of
+        its own (:class:`PartAllocation`: the group is made without waiting for the
+        pages, which take milliseconds, nor for the peers: a member may make a group its
+        peers never use, e.g. elastic joiners). The function
         is called before the group's first collective that may choose an algorithm
         (every member is then making, or has made, the group), with its deadline and the
         collective's name for errors, and waits for the peers' answers; nothing touches
@@ -297,27 +347,36 @@ class ShmSetup:
         ):
             return None
         off = (gid - 1) * nb
-        ok, why = True, ""
-        if self._own is not None:
-            try:
-                self._allocate(self._own, self._garena_at + off, nb, f"arena of group {gid}")
-            except OSError as exc:
-                ok, why = False, str(exc)
-        else:
-            ok, why = False, "no segment of its own"
+        own = self._own
         peers = [r for r in ranks if r != self.rank]
-        deadline = time.monotonic() + self.config.timeout
-        posted = self.messages.post(
-            peers, GROUP_ARENA + gid, {p: {"ok": ok} for p in peers}, deadline
-        )
+        post_by = time.monotonic() + self.config.timeout
+
+        def allocate() -> str:
+            if own is None:
+                return "no segment of its own"
+            try:
+                self._allocate(own, self._garena_at + off, nb, f"arena of group {gid}")
+            except OSError as exc:
+                return str(exc)
+            return ""
+
+        def tell(ok: bool) -> Posted:
+            return self.messages.post(
+                peers, GROUP_ARENA + gid, {p: {"ok": ok} for p in peers}, post_by
+            )
+
+        part = PartAllocation(f"unison-arena-{gid}", allocate, tell)
+        self._allocations.append(part)
 
         def resolve(deadline: float, op: str) -> Arena | None:
+            posted = part.result(deadline, op)
             try:
                 told = self.messages.collect(posted, deadline, op)
             except ValueError:  # an empty answer: the peer was lost; the group fails
                 told = {}
             lacking = sorted(
-                [r for r in peers if not told.get(r, {}).get("ok")] + ([] if ok else [self.rank])
+                [r for r in peers if not told.get(r, {}).get("ok")]
+                + ([] if part.ok else [self.rank])
             )
             if lacking:
                 log.info(
@@ -325,7 +384,7 @@ class ShmSetup:
                     "large collectives take the message-based algorithms",
                     gid,
                     lacking,
-                    f": {why}" if why else "",
+                    f": {part.why}" if part.why else "",
                 )
                 return None
             arena = Arena(self.rank, {r: self._garena[r][off : off + nb] for r in ranks}, nb)
@@ -334,8 +393,16 @@ class ShmSetup:
 
         return resolve
 
+    def finish_allocations(self) -> None:
+        """Wait for the sub-group arena allocations still running (before the transports
+        and the segment's file close under them)."""
+        for part in self._allocations:
+            part.join()
+        self._allocations.clear()
+
     def close(self) -> None:
         """Release the arenas and unmap every segment (after the transports closed)."""
+        self.finish_allocations()
         if self.arena is not None:
             self.arena.release()
             self.arena = None
