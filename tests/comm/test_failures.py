@@ -131,6 +131,8 @@ def _pairs_disagree_on_root(kind: str, n: int, tries: int) -> list[tuple[str, st
             if kind == "gather":
                 bufs = [np.empty(n, np.float32) for _ in range(p)] if r == root else None
                 un.gather(x, bufs, dst=root, group=g)
+            elif kind == "broadcast":
+                un.broadcast(x, root, group=g)
             else:
                 un.reduce(x, dst=root, group=g)
         except un.MismatchError as exc:
@@ -141,11 +143,12 @@ def _pairs_disagree_on_root(kind: str, n: int, tries: int) -> list[tuple[str, st
 
 
 @pytest.mark.parametrize("n", [8, 200_000])
-@pytest.mark.parametrize("kind", ["gather", "reduce"])
+@pytest.mark.parametrize("kind", ["gather", "reduce", "broadcast"])
 def test_root_mismatch_between_agreeing_pairs_fails_fast_naming_the_call(kind: str, n: int) -> None:
     """Every rank's root is compared with every other's, not only a partner's. The
     mismatch names the call: it named the internal signature confirmation ("check")
-    on some runs of a small reduce."""
+    on some runs of a small reduce. (A broadcast by messages starts its confirmation
+    before the data moves, as gather and reduce do.)"""
     start = time.monotonic()
     outs = spawn(
         _pairs_disagree_on_root, 4, args=(kind, n, 4), env={"UNISON_TIMEOUT": "60"}, timeout=90

@@ -37,6 +37,7 @@ from ...errors import MismatchError
 from ...transport.request import Request
 
 __all__ = [
+    "CONFIRM_EARLY_BY_MESSAGE",
     "CONFIRM_FIRST",
     "ROOTED",
     "Confirmation",
@@ -49,6 +50,10 @@ ROOTED = frozenset({OpCode.BROADCAST, OpCode.REDUCE, OpCode.GATHER, OpCode.SCATT
 #: rooted collectives whose ranks can all wait to receive when they disagree on the root
 #: (each believing it is the root): their confirmation starts before the data moves
 CONFIRM_FIRST = frozenset({OpCode.REDUCE, OpCode.GATHER})
+#: rooted collectives whose confirmation also starts before the data moves when the data
+#: goes by messages (no shared arena): the receivers' first confirmation messages then
+#: travel while the data does, not after it, so the root waits one message latency less
+CONFIRM_EARLY_BY_MESSAGE = frozenset({OpCode.BROADCAST})
 
 
 def sig_hash(sig: OpSig) -> int:

@@ -41,7 +41,14 @@ from ...comm.group import Group
 from ...comm.work import Work
 from ...errors import AbortedError, CommunicationError, MismatchError
 from ...transport.framing import Control
-from .desync import CONFIRM_FIRST, ROOTED, Confirmation, check_sig, foreign_frame_error
+from .desync import (
+    CONFIRM_EARLY_BY_MESSAGE,
+    CONFIRM_FIRST,
+    ROOTED,
+    Confirmation,
+    check_sig,
+    foreign_frame_error,
+)
 from .slot_collectives import ContextWatch, SlotCall, prepare_call
 
 if TYPE_CHECKING:
@@ -148,7 +155,9 @@ class Executor:
             self._scan_buffered(ctx)
             confirm = None
             checked = op in ROOTED and cfg.check_mismatch and self.size > 1
-            if checked and op in CONFIRM_FIRST:
+            if checked and (
+                op in CONFIRM_FIRST or (op in CONFIRM_EARLY_BY_MESSAGE and not self.topo.shared)
+            ):
                 confirm = Confirmation(ctx, self._check_context(ctx))
                 confirm.start()  # before the data moves (see desync)
             result = body(ctx)
