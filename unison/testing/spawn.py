@@ -13,7 +13,9 @@ import multiprocessing as mp
 import os
 import pickle
 import secrets
+import shutil
 import signal
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -67,6 +69,7 @@ def _child(
 ) -> None:
     os.environ.update(env)
     os.environ[C.ENV_RANK] = str(rank)
+    tempfile.tempdir = None  # a forked child inherits the parent's: read TMPDIR again
     import unison
 
     start = time.monotonic()
@@ -120,16 +123,23 @@ def run_ranks(
     ``on_start(processes)`` runs in the parent once the children are started (fault
     tests use it to kill or stop one). Children still running at ``timeout`` are
     killed and reported with ``error_type='Timeout'``.
+
+    The children's temporary files go to a directory of the job's (``TMPDIR``, unless
+    ``env`` names one), removed when they have ended: a child ends without running
+    the interpreter's exit handlers (multiprocessing's ``os._exit``), so files that
+    libraries remove at exit (TensorFlow's autograph modules) would stay behind.
     """
     ctx: Any = mp.get_context(start_method)
     secret = secrets.token_bytes(32)
     server = TCPStoreServer("127.0.0.1", 0, secret).start()
     host, port = server.address
+    scratch = tempfile.mkdtemp(prefix="unison-ranks-")
     job_env = {
         C.ENV_SIZE: str(world_size),
         C.ENV_STORE_ADDR: f"{host}:{port}",
         C.ENV_SECRET: secret.hex(),
         C.ENV_JOB_ID: f"test-{secrets.token_hex(4)}",
+        "TMPDIR": scratch,
         **(dict(env) if env else {}),
     }
     procs, pipes = [], []
@@ -179,6 +189,7 @@ def run_ranks(
             c.close()
         server.close()
         cleanup_job(job_env[C.ENV_JOB_ID])  # segments of ranks killed before unlinking them
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def spawn(
