@@ -35,12 +35,15 @@ from .negotiation import Coordinator, RequestKind, Response
 
 __all__ = ["NAME_HOLD_S", "EngineState"]
 
-#: Horovod's default cycle time. Its background thread takes submissions once per cycle,
-#: so a name used again right after its first use is still queued there: a duplicate.
-#: unison's engine may decide and run an operation at once, so the name of one whose
-#: result the caller has not collected (synchronize/poll) stays taken until it has
-#: finished and this long after.
-NAME_HOLD_S = 1e-3
+#: How long the name of a finished operation whose result the caller has not collected
+#: (synchronize, or poll saying True) stays taken. Horovod's background thread takes
+#: submissions once a cycle, so a name used again right after its first use is still
+#: queued there: a duplicate. unison's engine may decide and run an operation at once,
+#: inside the submitting call; the hold stands in for that queue. It is far longer than
+#: a cycle because the reuse "right after" may come late on a busy host, where the
+#: submitting thread can lose its core for milliseconds between two calls; a collected
+#: result frees its name at once.
+NAME_HOLD_S = 0.05
 
 
 def _holds(h: Handle, now: float) -> bool:

@@ -86,9 +86,9 @@ def reserve(seg: Segment, offset: int, length: int, what: str) -> None:
 
 
 class PartAllocation:
-    """This rank's part of a sub-group's arena, allocated on a thread of its own: the
-    pages take milliseconds to allocate (the kernel zeroes them), which would otherwise
-    be spent in ``new_group``. The thread allocates (``allocate()``: "" on success, else
+    """This rank's part of a sub-group's arena, allocated on a thread of its own:
+    reserving every page up front takes milliseconds, which would otherwise be spent
+    in ``new_group``. The thread allocates (``allocate()``: "" on success, else
     why not), then tells the peers (``tell(ok)``: the posted exchange). Nothing of the
     arena is touched before :meth:`result` returned and every member said yes."""
 
