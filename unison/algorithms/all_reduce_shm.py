@@ -23,11 +23,13 @@ OpenMPI's ``coll/sm``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import DType, Kernel, copy_into, finalize_average
+from ..buffers.pieces import Pieces
 from ..link import Link, SharedLink, crowding
 from . import all_reduce_ring
 from ._context import OpContext
@@ -35,7 +37,7 @@ from ._schedule import chunks
 from .shm_arena import SHM_NEEDS, arena_of, round_for, round_plan, rounds, sync, sync_cost
 from .topology import Topology
 
-__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "run_pieces", "supports"]
 
 NAME = "shm"
 NEEDS = SHM_NEEDS
@@ -78,21 +80,36 @@ def run(
     if ctx.size == 1:
         all_reduce_ring.run(ctx, arr, kern, op, dtype, seg)
         return
+    whole = Pieces.of(arr)
+    run_pieces(ctx, whole, whole, kern, op, dtype)
+
+
+def run_pieces(
+    ctx: OpContext,
+    src: Pieces,
+    dst: Pieces,
+    kern: Kernel,
+    op: ReduceOp,
+    dtype: DType,
+    finish: Callable[[np.ndarray], None] | None = None,
+) -> None:
+    """:func:`run` from ``src`` into ``dst`` (of one count; the same for in place), each
+    read and written where its pieces lie; ``finish`` runs on each reduced slice (in
+    place) before the peers copy it, as the average's division does."""
+    p, me = ctx.size, ctx.rank  # at least 2 (run() hands a group of one to the ring)
     arena = arena_of(ctx, NAME)
-    p, me = ctx.size, ctx.rank
     glob = ctx.ranks
-    step = arena.step(arr.dtype, round_for(round_size, ctx.topo, p, arr.nbytes), arr.nbytes)
+    step = arena.step(src.dtype, round_for(round_size, ctx.topo, p, src.nbytes), src.nbytes)
     tag = 0
-    for start in range(0, len(arr), step) or [0]:
-        chunk = arr[start : start + step]
-        n = len(chunk)
+    for start in range(0, src.count, step) or [0]:
+        n = min(step, src.count - start)
         parts = chunks(n, p)
         h = arena.next_half()
-        slots = [arena.typed(glob[q], h, n, arr.dtype) for q in range(p)]
+        slots = [arena.typed(glob[q], h, n, src.dtype) for q in range(p)]
         mine = slots[me]
         for j, (o, k) in enumerate(parts):
             if j != me and k:
-                copy_into(mine[o : o + k], chunk[o : o + k])
+                src.read(start + o, mine[o : o + k])
         sync(ctx, tag)
         o, k = parts[me]
         if k:
@@ -100,14 +117,20 @@ def run(
             # and copying each back at once measured 2-3x slower (one slow pass per
             # block over the peers' freshly written slots instead of one streaming pass)
             e = o + k
-            srcs = [chunk[o:e] if q == me else slots[q][o:e] for q in range(p)]
-            dst = mine[o:e]
-            reduce_slice(kern, srcs, dst)
+            own = src.view(start + o, start + e)
+            if own is None:  # the slice spans pieces: gathered once
+                own = np.empty(k, src.dtype)
+                src.read(start + o, own)
+            srcs = [own if q == me else slots[q][o:e] for q in range(p)]
+            reduced = mine[o:e]
+            reduce_slice(kern, srcs, reduced)
             if op is ReduceOp.AVG:
-                finalize_average(dst, dtype, p)
-            copy_into(chunk[o:e], dst)
+                finalize_average(reduced, dtype, p)
+            if finish is not None:
+                finish(reduced)
+            dst.write(start + o, reduced)
         sync(ctx, tag + 1)
         tag += 2
         for j, (o, k) in enumerate(parts):
             if j != me and k:
-                copy_into(chunk[o : o + k], slots[j][o : o + k])
+                dst.write(start + o, slots[j][o : o + k])

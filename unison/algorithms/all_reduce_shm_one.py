@@ -25,18 +25,20 @@ small ``p``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from .._types import ReduceOp
-from ..buffers import DType, Kernel, copy_into, finalize_average
+from ..buffers import DType, Kernel, finalize_average
+from ..buffers.pieces import Pieces
 from ..link import Link, SharedLink, crowding
 from . import all_reduce_ring
 from ._context import OpContext
 from .shm_arena import SHM_NEEDS, arena_of, round_for, round_plan, rounds, sync, sync_cost
 from .topology import Topology
 
-__all__ = ["NAME", "NEEDS", "cost", "run", "supports"]
+__all__ = ["NAME", "NEEDS", "cost", "run", "run_pieces", "supports"]
 
 NAME = "shm_one"
 NEEDS = SHM_NEEDS
@@ -68,25 +70,44 @@ def run(
     if ctx.size == 1:
         all_reduce_ring.run(ctx, arr, kern, op, dtype, seg)
         return
+    whole = Pieces.of(arr)
+    run_pieces(ctx, whole, whole, kern, op, dtype)
+
+
+def run_pieces(
+    ctx: OpContext,
+    src: Pieces,
+    dst: Pieces,
+    kern: Kernel,
+    op: ReduceOp,
+    dtype: DType,
+    finish: Callable[[np.ndarray], None] | None = None,
+) -> None:
+    """:func:`run` from ``src`` into ``dst`` (of one count; the same for in place), each
+    read and written where its pieces lie; ``finish`` then runs on every range of the
+    result (in place), as the average's division does."""
+    p, me = ctx.size, ctx.rank  # at least 2 (run() hands a group of one to the ring)
     arena = arena_of(ctx, NAME)
-    p, me = ctx.size, ctx.rank
     glob = ctx.ranks
-    step = arena.step(arr.dtype, round_for(round_size, ctx.topo, p, arr.nbytes), arr.nbytes)
-    for tag, start in enumerate(range(0, len(arr), step) or [0]):
-        chunk = arr[start : start + step]
-        n = len(chunk)
+    step = arena.step(src.dtype, round_for(round_size, ctx.topo, p, src.nbytes), src.nbytes)
+    for tag, start in enumerate(range(0, src.count, step) or [0]):
+        n = min(step, src.count - start)
         h = arena.next_half()
-        slots = [arena.typed(glob[q], h, n, arr.dtype) for q in range(p)]
-        copy_into(slots[me], chunk)
+        slots = [arena.typed(glob[q], h, n, src.dtype) for q in range(p)]
+        src.read(start, slots[me])
         sync(ctx, tag)
-        if not n:
-            continue
-        # every rank computes the same expression: slot 0 op slot 1 op ... (this rank's
-        # own term read from its buffer only when one kernel call does it all; otherwise
-        # from its slot, since ``chunk`` is overwritten by the first partial result)
-        srcs = [chunk if q == me and p == 2 else slots[q] for q in range(p)]
-        kern(srcs[0], srcs[1], chunk)
-        for q in range(2, p):
-            kern(chunk, srcs[q], chunk)
-        if op is ReduceOp.AVG:
-            finalize_average(chunk, dtype, p)
+        for off, out in dst.spans(start, start + n):
+            e = off + len(out)
+            # every rank computes the same expression: slot 0 op slot 1 op ... (this
+            # rank's own term read from its input only when one kernel call does it
+            # all; otherwise from its slot, since ``out`` may be that input and is
+            # overwritten by the first partial result)
+            own = src.view(start + off, start + e) if p == 2 else None
+            srcs = [own if q == me and own is not None else slots[q][off:e] for q in range(p)]
+            kern(srcs[0], srcs[1], out)
+            for q in range(2, p):
+                kern(out, srcs[q], out)
+            if op is ReduceOp.AVG:
+                finalize_average(out, dtype, p)
+            if finish is not None:
+                finish(out)

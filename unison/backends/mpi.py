@@ -131,6 +131,10 @@ class MPIBackend:
             done,
         )
 
+    def all_reduce_pieces(self, *args: Any) -> None:
+        """None: the caller packs the arrays into one buffer (mpi4py reduces one buffer)."""
+        return None
+
     def reduce(self, comm: Group, b: Buffer, root: int, op: ReduceOp) -> Work:
         c, mop = self._c(comm), self._op(op, b)
         mine = comm.rank == root

@@ -312,6 +312,10 @@ class TorchBackend:
             done,
         )
 
+    def all_reduce_pieces(self, *args: Any) -> None:
+        """None: the caller packs the arrays into one buffer (torch reduces one buffer)."""
+        return None
+
     def reduce(self, comm: Group, b: Buffer, root: int, op: ReduceOp) -> Work:
         g, rop, dst = self._g(comm), self._op(op, b), comm.ranks[root]
         mine = comm.rank == root

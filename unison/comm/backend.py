@@ -20,13 +20,14 @@ then takes the Backend method like any other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .._types import OpCode, ReduceOp
 from ..buffers import Buffer, DType
+from ..buffers.pieces import Pieces
 from .work import Work
 
 if TYPE_CHECKING:
@@ -54,6 +55,20 @@ class Backend(Protocol):
 
     def all_reduce(self, comm: Group, b: Buffer, op: ReduceOp) -> Work:
         """Reduce ``b`` in place over the group."""
+
+    def all_reduce_pieces(
+        self,
+        comm: Group,
+        src: Pieces,
+        dst: Pieces,
+        dtype: DType,
+        op: ReduceOp,
+        finish: Callable[[np.ndarray], None] | None,
+    ) -> Work | None:
+        """Reduce the arrays of ``src`` over the group as one buffer into those of
+        ``dst`` (may be ``src``), where they lie; ``finish`` runs in place on the
+        result. None where the engine cannot for this group and size without packing
+        the arrays into one buffer: the caller then does that."""
 
     def reduce(self, comm: Group, b: Buffer, root: int, op: ReduceOp) -> Work:
         """Reduce ``b`` into group rank ``root``'s ``b``; others stay unchanged."""

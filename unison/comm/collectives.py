@@ -20,13 +20,14 @@ signature names the caller's dtype.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .._types import OpCode, ReduceOp
 from ..buffers import Buffer, DType, as_buffer, check_op
+from ..buffers.pieces import Pieces
 from ..errors import InvalidArgumentError
 from .agree import guard
 from .group import Group
@@ -153,6 +154,30 @@ def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
     if comm.broken is not None or not comm.backend.checks_signatures:
         guard(comm, OpCode.ALL_REDUCE, b.sig_dtype, b.count, rop)
     return issue(comm.backend.all_reduce(comm, b, rop), async_op, [b.source])
+
+
+def all_reduce_pieces(
+    comm: Group,
+    src: Pieces,
+    dst: Pieces,
+    dtype: DType,
+    op: ReduceOp,
+    finish: Callable[[np.ndarray], None] | None = None,
+) -> bool:
+    """Reduce the arrays of ``src`` over ``comm`` as one buffer into those of ``dst``
+    (may be ``src``), where they lie, then ``finish`` the result in place; blocking.
+    Many tensors reduced as one without a fusion buffer. False, with nothing done,
+    where the group's engine would need them packed into one buffer (the caller
+    packs them and calls :func:`all_reduce`)."""
+    comm.require_member("all_reduce")
+    check_op(op, dtype)
+    if comm.broken is not None or not comm.backend.checks_signatures:
+        return False  # the one-buffer path agrees first and reports the breakage
+    work = comm.backend.all_reduce_pieces(comm, src, dst, dtype, op, finish)
+    if work is None:
+        return False
+    issue(work, False)
+    return True
 
 
 def reduce(comm: Group, buf: Any, dst: int, op: Any, async_op: bool) -> Work | None:

@@ -1,15 +1,19 @@
 """Executing agreed responses: the data movement, on the process set's data group.
 
 :class:`ResponseRunner` runs on whichever thread runs the cycle (one at a time).
-All-reduces planned into one batch by :mod:`unison.horovod.fusion` are copied
-(pre-scaled) into a reusable fusion buffer, reduced as one message and copied out
-(post-scaled). Ranks that have joined contribute zeros (all-reduce) or nothing
-(all-gather). Buffers are :class:`unison.buffers.Buffer` views; new results (all-gather,
-all-to-all, reduce-scatter) are new numpy-backed buffers the front end wraps.
+All-reduces planned into one batch by :mod:`unison.horovod.fusion` are reduced as
+one buffer: where the engine's shared-memory algorithms run them, straight from and
+into the tensors (:class:`unison.buffers.pieces.Pieces`; the post-scaling rides on
+the result), otherwise copied (pre-scaled) into a reusable fusion buffer, reduced as
+one message and copied out (post-scaled). Ranks that have joined contribute zeros
+(all-reduce) or nothing (all-gather). Buffers are :class:`unison.buffers.Buffer` views;
+new results (all-gather, all-to-all, reduce-scatter) are new numpy-backed buffers the
+front end wraps.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -17,6 +21,7 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import Buffer, DType
+from ..buffers.pieces import Pieces, overlapping
 from ..comm.api import (
     Group,
     all_gather_into_tensor,
@@ -26,6 +31,7 @@ from ..comm.api import (
     broadcast,
     reduce_scatter_tensor,
 )
+from ..comm.collectives import all_reduce_pieces
 from . import fusion
 from .adasum import adasum_combine
 from .arrays import (
@@ -70,6 +76,10 @@ def _execution_error(resp: Response, exc: BaseException) -> BaseException:
     )
 
 
+def _scale_by(a: np.ndarray, dtype: DType, factor: float) -> None:
+    scale(a, dtype, factor)
+
+
 def _rows_view(b: Buffer, start: int, rows: int, width: int) -> np.ndarray:
     return b.array[start * width : (start + rows) * width]
 
@@ -93,6 +103,7 @@ class ResponseRunner:
         self.timeline = timeline
         self._fusion: dict[DType, np.ndarray] = {}
         self.collectives = 0  # data collectives issued (a count for tests and profiles)
+        self.packed = 0  # batches copied through the fusion buffer (likewise)
 
     def close(self) -> None:
         self._fusion.clear()
@@ -208,6 +219,7 @@ class ResponseRunner:
         t0 = time.perf_counter()
         if dt is DType.BFLOAT16:
             return self._allreduce_bf16(resps, ents, ins, outs, t0)
+        copied = False  # through the fusion buffer
         if len(ins) == 1:
             buf = outs[0]
             scale(ins[0].array, dt, q.prescale, out=buf.array)  # the copy, where one is due
@@ -216,7 +228,12 @@ class ResponseRunner:
             t2 = time.perf_counter()
             scale(buf.array, dt, post)
             t3 = time.perf_counter()
+        elif self._where_they_lie(ins, outs, dt, q.prescale, uop, post):
+            t1, t2 = t0, time.perf_counter()  # no copies: all in the all-reduce
+            t3 = t2
         else:
+            copied = True
+            self.packed += 1
             total = sum(b.count for b in ins)
             buf = self._fusion_buffer(dt, total)
             fused = buf.array
@@ -234,14 +251,39 @@ class ResponseRunner:
                 off += b.count
             t3 = time.perf_counter()
         if self.timeline is not None:
-            fused_n = len(ins) > 1
             for r in resps:
-                if fused_n:
+                if copied:
                     self.span(r.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
                 self.span(r.name, "ALLREDUCE", t1, t2, fused=len(resps))
-                if fused_n:
+                if copied:
                     self.span(r.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
         return [list(e.outputs) if e is not None and e.outputs is not None else None for e in ents]
+
+    def _where_they_lie(
+        self,
+        ins: list[Buffer],
+        outs: list[Buffer],
+        dt: DType,
+        prescale: float,
+        uop: Any,
+        post: float,
+    ) -> bool:
+        """Reduce the batch's tensors as one where they lie, without the fusion buffer's
+        copies in and out (the engine's shared-memory path copies through its shared
+        slots anyway); the post-scaling rides on the result. False, with nothing done,
+        where that cannot be: a pre-scale, tensors that share memory, an engine or size
+        that needs one buffer."""
+        if prescale != 1.0:
+            return False
+        try:
+            src = Pieces([b.array for b in ins])
+            dst = Pieces([b.array for b in outs])
+        except ValueError:  # not one contiguous dtype: the copies make it one
+            return False
+        if overlapping(src, dst):
+            return False
+        finish = None if post == 1.0 else functools.partial(_scale_by, dtype=dt, factor=post)
+        return all_reduce_pieces(self.group, src, dst, dt, uop, finish)
 
     def _allreduce_bf16(
         self,

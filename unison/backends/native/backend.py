@@ -7,6 +7,7 @@ carries its signature for desync detection and spreads failures to every member.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,7 +15,8 @@ import numpy as np
 from ..._types import OpCode, ReduceOp
 from ...algorithms import OpContext, gather_scatter_linear
 from ...algorithms import barrier_dissemination as barrier_algo
-from ...buffers import Buffer, finalize_average, kernel
+from ...buffers import Buffer, DType, finalize_average, kernel
+from ...buffers.pieces import Pieces
 from .p2p import post_recv, post_send
 from .slot_collectives import slot_body, slots_for, small_all_gather, small_reduce_scatter
 
@@ -80,6 +82,31 @@ class NativeBackend:
 
         def body(ctx: OpContext) -> None:
             algo.run(ctx, b.array, kern, op, b.dtype, ctx.seg_count(b.dtype))
+
+        return ex.submit(OpCode.ALL_REDUCE, sig, body)
+
+    def all_reduce_pieces(
+        self,
+        comm: Group,
+        src: Pieces,
+        dst: Pieces,
+        dtype: DType,
+        op: ReduceOp,
+        finish: Callable[[np.ndarray], None] | None,
+    ) -> Work | None:
+        if comm.size < 2 or slots_for(self.rt, comm, src.nbytes) is not None:
+            return None
+        # only the shared-memory algorithms read and write the pieces where they lie
+        # (they copy through the shared slots anyway); the others take one buffer
+        run_pieces = getattr(self._choose(comm, "all_reduce", src.nbytes), "run_pieces", None)
+        if run_pieces is None:
+            return None
+        ex = self._ex(comm)
+        sig = ex.sig(OpCode.ALL_REDUCE, dtype, src.count, redop=op)
+        kern = kernel(op, dtype)
+
+        def body(ctx: OpContext) -> None:
+            run_pieces(ctx, src, dst, kern, op, dtype, finish)
 
         return ex.submit(OpCode.ALL_REDUCE, sig, body)
 
