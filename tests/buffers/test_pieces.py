@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unison.buffers.pieces import Pieces, overlapping
+from unison.buffers.pieces import Pieces, overlapping, pieces_pair
 
 
 def _arrays() -> list[np.ndarray]:
@@ -54,3 +54,14 @@ def test_overlapping_allows_in_place_only() -> None:
     assert overlapping(src, Pieces([b, np.zeros(4)]))  # an output is another's input
     assert overlapping(Pieces([a[:3], a[2:]]), Pieces([a[:3], a[2:]]))  # views that overlap
     assert overlapping(src, Pieces([np.zeros(5), np.zeros(3)]))  # other boundaries
+
+
+def test_pairs_are_made_only_where_the_reduction_cannot_read_what_it_wrote() -> None:
+    a, b = np.zeros(4), np.zeros(4)
+    pair = pieces_pair([a, b], [a, b])
+    assert pair is not None and pair[0] is pair[1]  # in place: one Pieces
+    pair = pieces_pair([a, b], [np.zeros(4), np.zeros(4)])
+    assert pair is not None and pair[0] is not pair[1]
+    assert pieces_pair([a, a], [a, a]) is None
+    assert pieces_pair([a, np.zeros(4, np.float32)], [a, b]) is None
+    assert pieces_pair([np.zeros((4, 4)).T], [np.zeros(16)]) is None

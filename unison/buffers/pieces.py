@@ -17,7 +17,7 @@ import numpy as np
 
 from .copy import copy_into
 
-__all__ = ["Pieces", "overlapping"]
+__all__ = ["Pieces", "overlapping", "pieces_pair"]
 
 
 class Pieces:
@@ -32,7 +32,7 @@ class Pieces:
         for a in arrays:
             if a.dtype != self.dtype or not a.flags.c_contiguous:
                 raise ValueError("Pieces takes contiguous arrays of one dtype")
-            flat.append(a.reshape(-1))
+            flat.append(a if a.ndim == 1 else a.reshape(-1))
         self.arrays = flat
         #: where each piece starts in the logical array (and, last, the count)
         self.starts = [0, *accumulate(len(a) for a in flat)]
@@ -91,8 +91,26 @@ def overlapping(src: Pieces, dst: Pieces) -> bool:
     if src.starts != dst.starts:
         return True
     spans = [_extent(a) for a in src.arrays if a.nbytes]
-    for i, a in enumerate(dst.arrays):
-        if a.nbytes and _extent(src.arrays[i]) != _extent(a):
-            spans.append(_extent(a))
+    for a, b in zip(src.arrays, dst.arrays, strict=True):
+        if b.nbytes and b is not a:
+            e = _extent(b)
+            if e != _extent(a):
+                spans.append(e)
     spans.sort()
     return any(b[0] < a[1] for a, b in pairwise(spans))
+
+
+def pieces_pair(
+    srcs: Sequence[np.ndarray], dsts: Sequence[np.ndarray]
+) -> tuple[Pieces, Pieces] | None:
+    """``srcs`` and ``dsts`` as the pieces an all-reduce reads and writes where they lie
+    (``dsts[i]`` may be ``srcs[i]``: in place); None where it cannot: arrays not
+    contiguous or of several dtypes, or memory shared as :func:`overlapping` says."""
+    try:
+        src = Pieces(srcs)
+        dst = src if all(d is s for d, s in zip(dsts, srcs, strict=True)) else Pieces(dsts)
+    except ValueError:
+        return None
+    if overlapping(src, dst):
+        return None
+    return src, dst

@@ -27,7 +27,6 @@ import numpy as np
 
 from .._types import OpCode, ReduceOp
 from ..buffers import Buffer, DType
-from ..buffers.pieces import Pieces
 from .work import Work
 
 if TYPE_CHECKING:
@@ -59,16 +58,17 @@ class Backend(Protocol):
     def all_reduce_pieces(
         self,
         comm: Group,
-        src: Pieces,
-        dst: Pieces,
+        srcs: Sequence[np.ndarray],
+        dsts: Sequence[np.ndarray],
         dtype: DType,
         op: ReduceOp,
         finish: Callable[[np.ndarray], None] | None,
     ) -> Work | None:
-        """Reduce the arrays of ``src`` over the group as one buffer into those of
-        ``dst`` (may be ``src``), where they lie; ``finish`` runs in place on the
-        result. None where the engine cannot for this group and size without packing
-        the arrays into one buffer: the caller then does that."""
+        """Reduce the arrays ``srcs`` (laid end to end) over the group as one buffer
+        into ``dsts`` (``dsts[i]`` may be ``srcs[i]``), where they lie; ``finish`` runs
+        in place on the result. None where the engine cannot for this group and size
+        without packing the arrays into one buffer (or they share memory:
+        :func:`unison.buffers.pieces.pieces_pair`): the caller then does that."""
 
     def reduce(self, comm: Group, b: Buffer, root: int, op: ReduceOp) -> Work:
         """Reduce ``b`` into group rank ``root``'s ``b``; others stay unchanged."""

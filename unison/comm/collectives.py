@@ -27,7 +27,6 @@ import numpy as np
 
 from .._types import OpCode, ReduceOp
 from ..buffers import Buffer, DType, as_buffer, check_op
-from ..buffers.pieces import Pieces
 from ..errors import InvalidArgumentError
 from .agree import guard
 from .group import Group
@@ -158,14 +157,15 @@ def all_reduce(comm: Group, buf: Any, op: Any, async_op: bool) -> Work | None:
 
 def all_reduce_pieces(
     comm: Group,
-    src: Pieces,
-    dst: Pieces,
+    srcs: Sequence[np.ndarray],
+    dsts: Sequence[np.ndarray],
     dtype: DType,
     op: ReduceOp,
     finish: Callable[[np.ndarray], None] | None = None,
 ) -> bool:
-    """Reduce the arrays of ``src`` over ``comm`` as one buffer into those of ``dst``
-    (may be ``src``), where they lie, then ``finish`` the result in place; blocking.
+    """Reduce the arrays ``srcs`` (laid end to end) over ``comm`` as one buffer into
+    ``dsts`` (``dsts[i]`` may be ``srcs[i]``), where they lie, then ``finish`` the
+    result in place; blocking.
     Many tensors reduced as one without a fusion buffer. False, with nothing done,
     where the group's engine would need them packed into one buffer (the caller
     packs them and calls :func:`all_reduce`)."""
@@ -173,7 +173,7 @@ def all_reduce_pieces(
     check_op(op, dtype)
     if comm.broken is not None or not comm.backend.checks_signatures:
         return False  # the one-buffer path agrees first and reports the breakage
-    work = comm.backend.all_reduce_pieces(comm, src, dst, dtype, op, finish)
+    work = comm.backend.all_reduce_pieces(comm, srcs, dsts, dtype, op, finish)
     if work is None:
         return False
     issue(work, False)

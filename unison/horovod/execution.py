@@ -21,7 +21,6 @@ import numpy as np
 
 from .._types import ReduceOp
 from ..buffers import Buffer, DType
-from ..buffers.pieces import Pieces, overlapping
 from ..comm.api import (
     Group,
     all_gather_into_tensor,
@@ -275,15 +274,9 @@ class ResponseRunner:
         that needs one buffer."""
         if prescale != 1.0:
             return False
-        try:
-            src = Pieces([b.array for b in ins])
-            dst = Pieces([b.array for b in outs])
-        except ValueError:  # not one contiguous dtype: the copies make it one
-            return False
-        if overlapping(src, dst):
-            return False
         finish = None if post == 1.0 else functools.partial(_scale_by, dtype=dt, factor=post)
-        return all_reduce_pieces(self.group, src, dst, dt, uop, finish)
+        srcs = [b.array for b in ins]
+        return all_reduce_pieces(self.group, srcs, [o.array for o in outs], dt, uop, finish)
 
     def _allreduce_bf16(
         self,

@@ -7,7 +7,7 @@ carries its signature for desync detection and spreads failures to every member.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from ..._types import OpCode, ReduceOp
 from ...algorithms import OpContext, gather_scatter_linear
 from ...algorithms import barrier_dissemination as barrier_algo
 from ...buffers import Buffer, DType, finalize_average, kernel
-from ...buffers.pieces import Pieces
+from ...buffers.pieces import pieces_pair
 from .p2p import post_recv, post_send
 from .slot_collectives import slot_body, slots_for, small_all_gather, small_reduce_scatter
 
@@ -88,19 +88,24 @@ class NativeBackend:
     def all_reduce_pieces(
         self,
         comm: Group,
-        src: Pieces,
-        dst: Pieces,
+        srcs: Sequence[np.ndarray],
+        dsts: Sequence[np.ndarray],
         dtype: DType,
         op: ReduceOp,
         finish: Callable[[np.ndarray], None] | None,
     ) -> Work | None:
-        if comm.size < 2 or slots_for(self.rt, comm, src.nbytes) is not None:
+        nbytes = sum(a.nbytes for a in srcs)
+        if comm.size < 2 or slots_for(self.rt, comm, nbytes) is not None:
             return None
         # only the shared-memory algorithms read and write the pieces where they lie
         # (they copy through the shared slots anyway); the others take one buffer
-        run_pieces = getattr(self._choose(comm, "all_reduce", src.nbytes), "run_pieces", None)
+        run_pieces = getattr(self._choose(comm, "all_reduce", nbytes), "run_pieces", None)
         if run_pieces is None:
             return None
+        pair = pieces_pair(srcs, dsts)
+        if pair is None:
+            return None
+        src, dst = pair
         ex = self._ex(comm)
         sig = ex.sig(OpCode.ALL_REDUCE, dtype, src.count, redop=op)
         kern = kernel(op, dtype)
