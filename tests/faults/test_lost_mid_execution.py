@@ -22,7 +22,9 @@ pytestmark = pytest.mark.timeout(40)
 VICTIM = 2
 
 
-def _victim_dies_in_data_op(n: int) -> tuple[float, str, str | None, tuple[int, ...]]:
+def _victim_dies_in_data_op(
+    n: int, fused: bool = False
+) -> tuple[float, str, str | None, tuple[int, ...]]:
     import unison.torch as hvd
     from unison import world
     from unison.horovod.errors import HorovodInternalError
@@ -41,16 +43,21 @@ def _victim_dies_in_data_op(n: int) -> tuple[float, str, str | None, tuple[int, 
     start = time.monotonic()
     try:
         for i in range(3):
-            hvd.broadcast(t, 0, name=f"step{i}")
+            if fused:  # one batch of three, reduced where the tensors lie (shared memory)
+                hvd.grouped_allreduce([t, t + 1, t + 2], name=f"step{i}")
+            else:
+                hvd.broadcast(t, 0, name=f"step{i}")
     except HorovodInternalError as exc:
         return time.monotonic() - start, str(exc), exc.op, tuple(exc.ranks)
     raise AssertionError("no failure seen")
 
 
-@pytest.mark.parametrize("n", [4, 1 << 16], ids=["small", "large"])
-def test_rank_lost_in_agreed_collective_fails_survivors_at_once(n: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "fused"), [(4, False), (1 << 16, False), (1 << 16, True)], ids=["small", "large", "fused"]
+)
+def test_rank_lost_in_agreed_collective_fails_survivors_at_once(n: int, fused: bool) -> None:
     outs = run_ranks(
-        _victim_dies_in_data_op, 3, args=(n,), timeout=30, env={"UNISON_TIMEOUT": "60"}
+        _victim_dies_in_data_op, 3, args=(n, fused), timeout=30, env={"UNISON_TIMEOUT": "60"}
     )
     assert outs[VICTIM].exitcode == -signal.SIGKILL, outs[VICTIM].describe()
     for o in outs[:VICTIM]:
