@@ -75,10 +75,6 @@ def _execution_error(resp: Response, exc: BaseException) -> BaseException:
     )
 
 
-def _scale_by(a: np.ndarray, dtype: DType, factor: float) -> None:
-    scale(a, dtype, factor)
-
-
 def _rows_view(b: Buffer, start: int, rows: int, width: int) -> np.ndarray:
     return b.array[start * width : (start + rows) * width]
 
@@ -274,7 +270,7 @@ class ResponseRunner:
         that needs one buffer."""
         if prescale != 1.0:
             return False
-        finish = None if post == 1.0 else functools.partial(_scale_by, dtype=dt, factor=post)
+        finish = None if post == 1.0 else functools.partial(scale, dtype=dt, factor=post)
         srcs = [b.array for b in ins]
         return all_reduce_pieces(self.group, srcs, [o.array for o in outs], dt, uop, finish)
 
