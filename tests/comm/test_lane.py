@@ -65,9 +65,9 @@ def _three_ways() -> list[str]:
     submitted = []
     real_submit = Executor.submit
 
-    def counting(self: Executor, *a: object) -> object:
+    def counting(self: Executor, *a: object, **kw: object) -> object:
         submitted.append(self.id)
-        return real_submit(self, *a)
+        return real_submit(self, *a, **kw)  # type: ignore[arg-type]
 
     Executor.submit = counting  # type: ignore[method-assign]
     bad: list[str] = []

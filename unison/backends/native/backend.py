@@ -58,7 +58,7 @@ class NativeBackend:
             def run(timeout: float, key: int) -> None:
                 s.broadcast(b.array, root, timeout, key)
 
-            return ex.submit(OpCode.BROADCAST, sig, slot_body(self.rt, s, sig, run))
+            return ex.submit(OpCode.BROADCAST, sig, slot_body(self.rt, s, sig, run), on_slots=True)
         algo = self._choose(comm, "broadcast", b.nbytes)
 
         def body(ctx: OpContext) -> None:
@@ -76,7 +76,7 @@ class NativeBackend:
             def run(timeout: float, key: int) -> None:
                 s.all_reduce(b.array, op, timeout, key, b.dtype)
 
-            return ex.submit(OpCode.ALL_REDUCE, sig, slot_body(self.rt, s, sig, run))
+            return ex.submit(OpCode.ALL_REDUCE, sig, slot_body(self.rt, s, sig, run), on_slots=True)
         kern = kernel(op, b.dtype)
         algo = self._choose(comm, "all_reduce", b.nbytes)
 
@@ -132,7 +132,9 @@ class NativeBackend:
         slots = slots_for(self.rt, comm, b.nbytes)
         if slots is not None:
             run = small_all_gather(slots, b, outs, result)
-            return ex.submit(OpCode.ALL_GATHER, sig, slot_body(self.rt, slots, sig, run))
+            return ex.submit(
+                OpCode.ALL_GATHER, sig, slot_body(self.rt, slots, sig, run), on_slots=True
+            )
         algo = self._choose(comm, "all_gather", b.nbytes * comm.size)
         me = comm.rank
         assert me is not None
@@ -187,7 +189,9 @@ class NativeBackend:
         slots = slots_for(self.rt, comm, out.nbytes * comm.size)
         if slots is not None:
             run = small_reduce_scatter(slots, out, ins, op, out.dtype)
-            return ex.submit(OpCode.REDUCE_SCATTER, sig, slot_body(self.rt, slots, sig, run))
+            return ex.submit(
+                OpCode.REDUCE_SCATTER, sig, slot_body(self.rt, slots, sig, run), on_slots=True
+            )
         kern = kernel(op, out.dtype)
         algo = self._choose(comm, "reduce_scatter", out.nbytes * comm.size)
 
@@ -226,7 +230,7 @@ class NativeBackend:
             def run(timeout: float, key: int) -> None:
                 s.barrier(timeout, key)
 
-            return ex.submit(OpCode.BARRIER, sig, slot_body(self.rt, s, sig, run))
+            return ex.submit(OpCode.BARRIER, sig, slot_body(self.rt, s, sig, run), on_slots=True)
 
         def body(ctx: OpContext) -> None:
             barrier_algo.run(ctx)

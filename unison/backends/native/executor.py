@@ -107,9 +107,12 @@ class Executor:
         return OpSig(int(op), int(dtype), int(redop), int(root), int(count))
 
     # --- running collectives -------------------------------------------------------------
-    def submit(self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any]) -> Work:
+    def submit(
+        self, op: OpCode, sig: OpSig, body: Callable[[OpContext], Any], on_slots: bool = False
+    ) -> Work:
         """Number the operation now (issue order) and return its Work; it runs when the
-        shared layer starts the Work (in the caller's thread if blocking and idle)."""
+        shared layer starts the Work (in the caller's thread if blocking and idle).
+        ``on_slots``: ``body`` runs the operation on the group's small-message slots."""
         me = self.group.rank
         assert me is not None  # members only: the shared layer checked
         hook = self.rt.op_hook
@@ -118,6 +121,16 @@ class Executor:
         with self._lock:
             self._seq += 1
             seq = self._seq
+        # decided now, with the topology the body's algorithm was chosen with: every
+        # member submits in the same order, so every member decides alike (when it
+        # runs, a group's arena may have been settled on one member and not yet on
+        # another, and a confirmation started on one side only would wait forever). A
+        # call on the slots never starts one: its slots compare every rank's signature,
+        # and a peer may run the same call in its own thread (run()), which confirms
+        # nothing by message
+        confirm_first = op in CONFIRM_FIRST or (
+            op in CONFIRM_EARLY_BY_MESSAGE and not on_slots and not self.topo.shared
+        )
 
         def launch(caller_waits: bool) -> None:
             self._run_ordered(task, caller_waits)
@@ -125,7 +138,7 @@ class Executor:
         work = Work(f"{op.label} #{seq} (group {self.id})", launch)
 
         def task() -> Callable[[], None]:
-            return self._execute(seq, me, op, sig, body, work)
+            return self._execute(seq, me, op, sig, body, work, confirm_first)
 
         return work
 
@@ -137,10 +150,13 @@ class Executor:
         sig: OpSig,
         body: Callable[[OpContext], Any],
         work: Work,
+        confirm_first: bool,
     ) -> Callable[[], None]:
         """Run operation ``seq``; returns what completes its ``work``, for the caller of
         the turn to run once the turn is released (so that whoever ``wait()`` wakes finds
-        the group idle, and its next blocking call may run in its own thread)."""
+        the group idle, and its next blocking call may run in its own thread).
+        ``confirm_first``: a rooted collective's signature confirmation starts before
+        the data moves."""
         cfg = self.group.config
         ctx = self.context(seq, me, op, sig, time.monotonic() + cfg.timeout)
         with self._lock:
@@ -155,9 +171,7 @@ class Executor:
             self._scan_buffered(ctx)
             confirm = None
             checked = op in ROOTED and cfg.check_mismatch and self.size > 1
-            if checked and (
-                op in CONFIRM_FIRST or (op in CONFIRM_EARLY_BY_MESSAGE and not self.topo.shared)
-            ):
+            if checked and confirm_first:
                 confirm = Confirmation(ctx, self._check_context(ctx))
                 confirm.start()  # before the data moves (see desync)
             result = body(ctx)
