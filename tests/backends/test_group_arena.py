@@ -182,6 +182,7 @@ def _no_room() -> list[object]:
     y = ins[un.rank()].copy()
     un.all_reduce(y, group=g2)
     ok2 = np.array_equal(y, reduce_oracle(ins, ReduceOp.SUM))
+    un.all_reduce(np.ones(1 << 19, np.float32))  # past the slots: the world's arena
     got = [rt.fabric.shm is not None, rt.fabric.arena is not None]  # type: ignore[attr-defined]
     got += [rt.executors[g.id].topo.arena is None, "_shm" in name, ok, grew if me == 0 else 0]
     got += [rt.executors[g2.id].topo.arena is not None, ok2]
@@ -287,3 +288,47 @@ def test_new_group_does_not_wait_for_its_arena_pages() -> None:
     env = {"UNISON_TIMEOUT": "60", "UNISON_GROUP_ARENA_BYTES": str(ARENA)}
     for r, got in enumerate(spawn(_off_thread, 2, timeout=120, env=env)):
         assert got == [[True], True, True], (r, got)
+
+
+def _world_no_room() -> list[object]:
+    """Rank 0 cannot allocate its slot of the world's arena (/dev/shm full when the
+    first large collective comes): neither rank uses the world's arena, the world's
+    large collectives take the message-based algorithms and give the oracle's result,
+    and a sub-group still gets its own arena."""
+    import os
+
+    from unison.backends.native.shm_setup import reserve
+    from unison.transport.shm_segment import Segment
+
+    me = int(os.environ["UNISON_RANK"])
+
+    def full(seg: Segment, offset: int, length: int, what: str) -> None:
+        if me == 0 and "world" in what:
+            raise OSError(28, "No space left on device")
+        reserve(seg, offset, length, what)
+
+    un.init()
+    rt = current()
+    rt.fabric.shm_setup.set_allocator(full)  # type: ignore[attr-defined]
+    n = NBYTES // 4 + 7
+    ins = [_inp(q, n, np.float32, 5) for q in range(2)]
+    x = ins[me].copy()
+    un.all_reduce(x)
+    got: list[object] = [bool(np.array_equal(x, reduce_oracle(ins, ReduceOp.SUM)))]
+    got.append(rt.fabric.arena is None)  # type: ignore[attr-defined]
+    got.append("_shm" in rt.choose("all_reduce", 2, x.nbytes).module.__name__)
+    g = un.new_group([0, 1])
+    y = ins[me].copy()
+    un.all_reduce(y, group=g)
+    got += [bool(np.array_equal(y, reduce_oracle(ins, ReduceOp.SUM)))]
+    got += [rt.executors[g.id].topo.arena is not None]
+    un.shutdown()
+    return got
+
+
+def test_no_room_for_the_world_arena_takes_the_message_path() -> None:
+    env = {"UNISON_TIMEOUT": "30", "UNISON_GROUP_ARENA_BYTES": str(ARENA)}
+    outs = run_ranks(_world_no_room, 2, init=False, env=env, timeout=60)
+    for o in outs:
+        assert o.ok, o.describe()
+        assert o.value == [True, True, False, True, True]

@@ -1,6 +1,8 @@
-"""A /dev/shm too small for the segments (a 16 MB tmpfs in a mount namespace, like a
+"""A /dev/shm too small for the segments (a small tmpfs in a mount namespace, like a
 container's): forced shared memory fails at init with an error naming the size and
-the fix, never SIGBUS mid-collective; the default transport falls back to TCP."""
+the fix, never SIGBUS mid-collective; the default transport falls back to TCP. Room
+for the segments but not for an arena: the group without one takes the message-based
+algorithms."""
 
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ def test_small_dev_shm_is_a_clear_error_or_tcp(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     run = f"{sys.executable} -m unison run -np 2 --timeout 30 {sys.executable} {script}"
-    mount = "mount -t tmpfs -o size=16m tmpfs /dev/shm"
+    # each rank's set-up allocates about 3.4 MiB (rings and small-message slots): two
+    # do not fit in 4 MB
+    mount = "mount -t tmpfs -o size=4m tmpfs /dev/shm"
     both = f"{mount} && UNISON_TRANSPORT=shm {run}; echo RC=$?; {run}"
     r = subprocess.run(
         ["unshare", "-m", "sh", "-c", both], capture_output=True, text=True, env=env, timeout=100
@@ -55,6 +59,25 @@ def test_small_dev_shm_is_a_clear_error_or_tcp(tmp_path: Path) -> None:
     assert "/dev/shm is too small" in r.stderr and "segment needs" in r.stderr, r.stderr
     assert "--shm-size" in r.stderr and "UNISON_TRANSPORT=tcp" in r.stderr
     assert auto.count("SUM OK") == 2, r.stdout + r.stderr  # the default falls back to TCP
+
+
+@pytest.mark.skipif(WHY is not None, reason=str(WHY))
+def test_no_room_for_the_world_arena_is_the_message_path(tmp_path: Path) -> None:
+    # 16 MB hold both ranks' set-up (about 3.4 MiB each) but not both 8 MiB slots of the
+    # world's arena, which the first large collective allocates: no SIGBUS, the result
+    # by the message-based algorithms over shared memory (forced: no TCP fallback)
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), UNISON_LOG_LEVEL="INFO", UNISON_TRANSPORT="shm")
+    run = f"{sys.executable} -m unison run -np 2 --timeout 30 {sys.executable} {script}"
+    both = f"mount -t tmpfs -o size=16m tmpfs /dev/shm && {run}"
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", both], capture_output=True, text=True, env=env, timeout=100
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("SUM OK") == 2, r.stdout + r.stderr
+    assert "the world: no shared arena" in r.stderr, r.stderr
+    assert "/dev/shm is too small" in r.stderr, r.stderr
 
 
 GROUP_SCRIPT = """
@@ -73,14 +96,14 @@ print(f"GROUP OK arena={arena}", flush=True)
 
 @pytest.mark.skipif(WHY is not None, reason=str(WHY))
 def test_no_room_for_a_sub_group_arena_is_the_message_path(tmp_path: Path) -> None:
-    # a 28 MB /dev/shm holds both ranks' segments (their world parts, ~8.6 MB each) but
-    # not both parts of a sub-group's 8 MiB arena: no member uses it, no SIGBUS
+    # a 20 MB /dev/shm holds both ranks' set-up (about 3.4 MiB each) and one part of a
+    # sub-group's 8 MiB arena, not both: no member uses it, no SIGBUS
     script = tmp_path / "job.py"
     script.write_text(GROUP_SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT), UNISON_LOG_LEVEL="INFO")
     env["UNISON_GROUP_ARENA_BYTES"] = str(8 << 20)
     run = f"{sys.executable} -m unison run -np 2 --timeout 30 {sys.executable} {script}"
-    both = f"mount -t tmpfs -o size=28m tmpfs /dev/shm && {run}"
+    both = f"mount -t tmpfs -o size=20m tmpfs /dev/shm && {run}"
     r = subprocess.run(
         ["unshare", "-m", "sh", "-c", both], capture_output=True, text=True, env=env, timeout=100
     )

@@ -26,14 +26,26 @@ def _leftovers(job: str) -> list[str]:
 
 
 def _after_init() -> dict[str, object]:
+    """Routes, files and link after init; the world's arena only after the first
+    collective that may use it (2 MiB: past the small-message slots), which allocates
+    its slot (the segment's allocated bytes grow by it) and gives the sum."""
+    from unison.algorithms.shm_arena import SLOT_BYTES
     from unison.world import current
 
     rt = current()
     job = os.environ["UNISON_JOB_ID"]
+    seg = rt.fabric.shm_setup.segment  # type: ignore[attr-defined]
+    before = os.fstat(seg.fd).st_blocks * 512 if seg is not None else 0
+    arena_at_init = rt.fabric.arena is not None
+    x = np.full(1 << 19, un.rank() + 1.0, np.float32)
+    un.all_reduce(x)
+    grew = os.fstat(seg.fd).st_blocks * 512 - before if seg is not None else 0
     return {
         "routes": sorted({t.name for t in rt.fabric.route.values()}),
         "files": _leftovers(job),
-        "arena": rt.fabric.arena is not None,
+        "arena": [arena_at_init, rt.fabric.arena is not None],
+        "grew": grew >= SLOT_BYTES,
+        "sum": bool((x == sum(range(1, un.size() + 1))).all()),
         "link": type(rt.link).__name__,
     }
 
@@ -46,7 +58,9 @@ def test_routes_and_segments_unlinked_once_mapped(mode: str, route: str, link: s
     for o in outs:
         assert o["routes"] == [route]
         assert o["files"] == [], "a segment outlived the set-up"
-        assert o["arena"] is (route == "shm")
+        assert o["arena"] == [False, route == "shm"]
+        assert o["grew"] is (route == "shm")
+        assert o["sum"]
         assert o["link"] == link
     assert _leftovers(job) == []
 

@@ -53,6 +53,7 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -173,6 +174,7 @@ def _load() -> float:
         return 0.0
 
 
+@functools.cache  # the processor does not change while a process runs
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

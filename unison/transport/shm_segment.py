@@ -24,6 +24,7 @@ import mmap
 import os
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -101,12 +102,18 @@ def cleanup_orphans(directory: str = SHM_DIR) -> list[str]:
 
 
 def reserve(
-    fd: int, size: int, directory: str = SHM_DIR, offset: int = 0, what: str = "segment"
+    fd: int,
+    size: int,
+    directory: str = SHM_DIR,
+    offset: int = 0,
+    what: str = "segment",
+    needs: int | None = None,
 ) -> None:
     """Allocate ``size`` bytes of the segment's pages from ``offset`` now, so a short
     /dev/shm (Docker's default is 64 MB) fails here with a clear error instead of SIGBUS
     in the middle of a collective. Pages allocated are not resident in any process until
-    touched."""
+    touched. ``needs``: the bytes the error names (default ``size``; a segment allocated
+    in several ranges names their sum)."""
     try:
         os.posix_fallocate(fd, offset, size)
     except OSError as exc:
@@ -120,10 +127,11 @@ def reserve(
             free = f"{st.f_bavail * mb:.0f} MB free of {st.f_blocks * mb:.0f} MB"
         except OSError:
             free = "free space unknown"
+        mb_needed = (size if needs is None else needs) / 2**20
         raise OSError(
             exc.errno,
             f"{directory} is too small: this rank's shared-memory {what} needs "
-            f"{size / 2**20:.1f} MB ({free}); give the host or container more "
+            f"{mb_needed:.1f} MB ({free}); give the host or container more "
             "(e.g. docker run --shm-size=1g) or use TCP inside the host with "
             "UNISON_TRANSPORT=tcp",
         ) from None
@@ -165,15 +173,26 @@ class Segment:
         self.bell_addr = ctypes.addressof(self.bell)
 
     @classmethod
-    def create(cls, job_id: str, rank: int, size: int, reserved: int | None = None) -> Segment:
-        """A new segment of ``size`` bytes whose first ``reserved`` bytes (default: all)
-        are allocated now; the rest is allocated by :meth:`reserve` before first use."""
+    def create(
+        cls,
+        job_id: str,
+        rank: int,
+        size: int,
+        reserved: Sequence[tuple[int, int]] | None = None,
+    ) -> Segment:
+        """A new segment of ``size`` bytes whose ``reserved`` ranges, (offset, length)
+        each (default: all of it), are allocated now; the rest is allocated by
+        :meth:`reserve` before first use."""
         name = f"{segment_prefix(job_id)}r{rank}-{os.getpid()}-{secrets.token_hex(4)}"
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
-            reserve(fd, size if reserved is None else min(size, reserved))
+            ranges = [(0, size)] if reserved is None else reserved
+            needs = sum(length for _, length in ranges)
+            for offset, length in ranges:
+                if length > 0:
+                    reserve(fd, length, offset=offset, needs=needs)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)

@@ -9,9 +9,11 @@ the algorithms' ``Router``), never to a transport directly; the fabric also owns
 the link model every rank agrees on.
 
 Shared memory is set up by :class:`~.shm_setup.ShmSetup` (segments, hello/ack, the
-arenas and slots in them), over the already authenticated TCP connections; once
-routes are chosen, a *summary* to every rank (all my peers on shm?) makes the link
-model — and so every algorithm choice — identical on all ranks.
+arenas and slots in them), over the already authenticated TCP connections. Each ack
+also lists the peers its sender mapped and the link model it read, so every rank of a
+one-host job learns, without another exchange, whether every pair shares memory and
+whether all read the same model: the link model — and so every algorithm choice — is
+identical on all ranks.
 
 TCP stays connected to every peer: control frames and liveness (a dead rank is
 noticed by its socket closing) go that way whatever carries the data.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +34,7 @@ from ...config import Config
 from ...errors import PeerLostError, UnsupportedError
 from ...link import Link, shared_link, transport_link, two_level
 from ...log import get_logger
+from ...transport import calibrate
 from ...transport.arena import Arena
 from ...transport.base import Events, Key, PeerInfo, Transport
 from ...transport.matching import ANY_SOURCE
@@ -38,8 +42,11 @@ from ...transport.request import Request
 from ...transport.seqslot import SeqSlots
 from ...transport.shm import ShmRequest, ShmTransport
 from ...transport.tcp import TcpTransport
-from .setup_exchange import SUMMARY, SetupExchange
-from .shm_setup import ShmSetup
+from .setup_exchange import SetupExchange
+from .shm_setup import Mapped, ShmSetup
+
+if TYPE_CHECKING:
+    from ...transport.calibrate import Calibration
 
 __all__ = ["Fabric"]
 
@@ -103,36 +110,43 @@ class Fabric:
                 f"{self.rank}; use auto or tcp"
             )
         deadline = time.monotonic() + min(self.config.timeout, 120.0)
-        shared: set[int] = set()
+        one_host = len(local) == len(peers) and mode != "tcp"
+        # only a job whose ranks all share memory uses the host's model: others read nothing
+        cal = calibrate.load() if one_host else None  # never measures: the cache, else typical
+        summary: dict[str, object] = {"model": cal.digest() if cal is not None else None}
+        mapped = Mapped(set(), False, {})
         if local:
-            shared = self.shm_setup.connect(
-                local, deadline, want=mode != "tcp", forced=mode == "shm"
+            mapped = self.shm_setup.connect(
+                local, deadline, want=mode != "tcp", forced=mode == "shm", note=summary
             )
             if self.shm is not None:
                 self.transports.insert(0, self.shm)
         for peer in peers:  # first transport that can connect wins (shm is first if set up)
             for t in self.transports:
-                if (t is not self.shm or peer in shared) and t.can_connect(me, infos[peer]):
+                if (t is not self.shm or peer in mapped.shared) and t.can_connect(me, infos[peer]):
                     self.route[peer] = t
                     break
-        self._agree(peers, all(self.route[p] is self.shm for p in peers), deadline)
+        # every rank reaches all its peers by shared memory exactly when the job is on one
+        # host and every pair of ranks mapped each other (the same answer on every rank)
+        self._shared_job = one_host and mapped.every_pair
+        self._install_model(peers, cal, summary, mapped.notes)
 
-    def _agree(self, peers: list[int], mine: bool, deadline: float) -> None:
-        """Learn whether every rank reaches all its peers by shared memory, and whether
-        they read the same link model (the host's cached calibration)."""
-        from ...transport import calibrate
-
-        # only a job whose ranks all share memory uses the host's model: others read nothing
-        cal = calibrate.load() if mine else None  # never measures: the cache, else typical
-        mine_model = cal.digest() if cal is not None else None
-        summary: dict[str, object] = {"shm": mine, "model": mine_model}
-        told = self.messages.exchange(peers, SUMMARY, {p: summary for p in peers}, deadline)
-        self._shared_job = mine and all(bool(told[p].get("shm")) for p in peers)
+    def _install_model(
+        self,
+        peers: list[int],
+        cal: Calibration | None,
+        mine: dict[str, object],
+        told: dict[int, dict[str, object]],
+    ) -> None:
+        """Install the link model of a job whose ranks all share memory: the host's
+        cached calibration ``cal`` where every rank read the same (``told``: what each
+        peer noted at set-up, ``mine``: this rank's note)."""
         if self._shared_job:
+            assert cal is not None
             # one host, one cache file: every rank installs the same link, unless a
             # calibration replaced the file between two ranks' reads or their knobs
             # differ (then all take the typical figures without knobs: the same everywhere)
-            if any(told[p].get("model") != mine_model for p in peers):
+            if any(told[p].get("model") != mine["model"] for p in peers):
                 log.info(
                     "ranks read different link models (a calibration ran meanwhile, or "
                     "UNISON_* link knobs differ between ranks); using the typical figures"

@@ -80,7 +80,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._making = threading.Lock()  # one group made at a time (see group())
         self._settling = threading.Lock()
-        #: sub-groups whose arena is still to be agreed (see _settle_arena)
+        #: groups whose arena is still to be agreed (see _settle_arena)
         self._arena_pending: dict[int, Callable[[float, str], Arena | None]] = {}
         #: aborts that named a group this rank has not registered yet (a faster peer
         #: failed and said so before this rank finished start-up): gid -> (peer, info)
@@ -161,9 +161,9 @@ class Runtime:
         return choose(coll, p, nbytes, self.executors[gid].topo, self.overrides)
 
     def _settle_arena(self, gid: int, coll: str) -> None:
-        """Before a sub-group's first collective that chooses an algorithm (in the same
-        place on every member): learn whether every member allocated its part of the
-        group's arena (:meth:`ShmSetup.group_arena`) and, if so, give the group the arena."""
+        """Before a group's first collective that chooses an algorithm (in the same place
+        on every member): learn whether every member allocated its part of the group's
+        arena (:meth:`ShmSetup.group_arena`) and, if so, give the group the arena."""
         with self._settling:
             resolve = self._arena_pending.pop(gid, None)
             if resolve is None:
@@ -173,8 +173,9 @@ class Runtime:
                 return
             ex = self.executors[gid]
             link = ex.topo.link
-            if isinstance(link, SharedLink):
-                link = replace(link, half=arena.half)  # the cost model's rounds are the arena's
+            if gid != 0 and isinstance(link, SharedLink):
+                # the cost model's rounds are the arena's (the world's link has them already)
+                link = replace(link, half=arena.half)
             if ex.slots is not None:
                 ex.round_barrier = arena_sync(self, ex.slots)  # rounds sync on its slots
             ex.topo = replace(ex.topo, link=link, shared=True, arena=arena)
@@ -183,21 +184,23 @@ class Runtime:
         """A group's topology, identical on every rank (from what the fabric agreed).
 
         The world and the sub-groups with a slot region (``UNISON_GROUP_SLOTS``) get a
-        shared arena on one host (a sub-group's own, ``UNISON_GROUP_ARENA_BYTES`` per
-        rank, its rounds in its ``half``): their operations run one at a time, in the
-        same order on every member, so the direct shared-memory algorithms apply
+        shared arena on one host (the world's of ``SLOT_BYTES`` per rank; a sub-group's
+        own, ``UNISON_GROUP_ARENA_BYTES`` per rank, its rounds in its ``half``): their
+        operations run one at a time, in the same order on every member, so the direct
+        shared-memory algorithms apply. The arena is allocated (a sub-group's on a thread
+        as it is made, the world's then) and agreed before the group's first chosen
+        algorithm (:meth:`choose`): until then the topology has none
         (``own_arena=False``: a sub-group that never gets one)."""
         host_of = self.fabric.host_of
         by_host: dict[str, list[int]] = {}
         for g, r in enumerate(ranks):
             by_host.setdefault(host_of.get(r, ""), []).append(g)
         hosts = tuple(tuple(h) for h in by_host.values())
-        arena = self.fabric.arena if gid == 0 else None
-        if gid != 0 and own_arena:  # a sub-group's arena: settled before its first chosen algorithm
+        if own_arena:  # the group's arena: settled before its first chosen algorithm
             resolve = self.fabric.shm_setup.group_arena(gid, ranks)
             if resolve is not None:
                 self._arena_pending[gid] = resolve
-        return Topology(self.link, shared=arena is not None, arena=arena, hosts=hosts)
+        return Topology(self.link, hosts=hosts)
 
     # --- groups -------------------------------------------------------------------------------
     @property

@@ -21,14 +21,14 @@ from ...transport.framing import FrameKind
 from ...transport.request import Request
 from ...transport.tcp import TcpTransport
 
-__all__ = ["ACK", "GROUP_ARENA", "HELLO", "SUMMARY", "Posted", "SetupExchange"]
+__all__ = ["ACK", "GROUP_ARENA", "HELLO", "Posted", "SetupExchange"]
 
 FABRIC_GROUP = 0xFFFFFFFF  # group id of the set-up messages
 MSG_BYTES = 2048  # every set-up message is this size (JSON, zero-padded)
 
-#: tags: the shared-memory hello and ack, the fabric's summary, and (plus the group id)
-#: a sub-group's arena agreement
-HELLO, ACK, SUMMARY = 1, 2, 3
+#: tags: the shared-memory hello and ack (which carries the fabric's summary too), and
+#: (plus the group id) a group's arena agreement
+HELLO, ACK = 1, 2
 GROUP_ARENA = 1 << 16
 
 

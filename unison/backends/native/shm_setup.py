@@ -24,6 +24,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,6 +46,7 @@ __all__ = [
     "GROUP_SLOT_BYTES",
     "RING_BYTES",
     "Allocator",
+    "Mapped",
     "PartAllocation",
     "ShmSetup",
     "group_slot_bytes",
@@ -80,28 +82,50 @@ def slot_regions(small: int) -> tuple[int, int]:
     return region_bytes(small), region_bytes(group_slot_bytes(small))
 
 
+@dataclass
+class Mapped:
+    """What :meth:`ShmSetup.connect` learnt: the peers reached by shared memory (both
+    sides mapped the other's segment); whether every pair of this host's ranks mapped
+    each other both ways (the same answer on every one of them: each ack lists what
+    its sender mapped); and what each peer noted in its ack."""
+
+    shared: set[int]
+    every_pair: bool
+    notes: dict[int, dict[str, object]]
+
+
 def reserve(seg: Segment, offset: int, length: int, what: str) -> None:
     """Allocate a range of this rank's segment (the default :data:`Allocator`)."""
     seg.reserve(offset, length, what)
 
 
 class PartAllocation:
-    """This rank's part of a sub-group's arena, allocated on a thread of its own:
-    reserving every page up front takes milliseconds, which would otherwise be spent
-    in ``new_group``. The thread allocates (``allocate()``: "" on success, else
-    why not), then tells the peers (``tell(ok)``: the posted exchange). Nothing of the
-    arena is touched before :meth:`result` returned and every member said yes."""
+    """This rank's part of a group's arena: it allocates (``allocate()``: "" on success,
+    else why not), then tells the peers (``tell(ok)``: the posted exchange). Nothing of
+    the arena is touched before :meth:`result` returned and every member said yes.
+
+    A sub-group's part is allocated on a thread of its own (``background``): reserving
+    every page up front takes milliseconds, which would otherwise be spent in
+    ``new_group``. The world's is allocated by :meth:`result` itself, in the first
+    collective that may use it: a job whose collectives all fit the small-message
+    slots never allocates it, and ``init`` does not wait for its pages."""
 
     def __init__(
-        self, name: str, allocate: Callable[[], str], tell: Callable[[bool], Posted]
+        self,
+        name: str,
+        allocate: Callable[[], str],
+        tell: Callable[[bool], Posted],
+        background: bool = True,
     ) -> None:
         self.ok = False
         self.why = ""  # why this rank's part could not be allocated
         self._allocate, self._tell = allocate, tell
         self._posted: Posted | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -114,8 +138,11 @@ class PartAllocation:
     def result(self, deadline: float, op: str) -> Posted:
         """The exchange with the peers, once this rank's part is allocated (or not) and
         its answer sent; raises what the thread met, or a timeout at ``deadline``."""
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
+        if self._thread is None:  # not started: allocate and tell now, in this thread
+            self._run()
+        else:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread is not None and self._thread.is_alive():
             raise CollectiveTimeoutError(
                 f"{op}: this rank's part of the group's shared arena was not allocated in time",
                 op=op,
@@ -126,8 +153,9 @@ class PartAllocation:
         return self._posted
 
     def join(self) -> None:
-        """Wait for the thread (it runs for milliseconds)."""
-        self._thread.join()
+        """Wait for the thread, if one runs (for milliseconds)."""
+        if self._thread is not None:
+            self._thread.join()
 
 
 class ShmSetup:
@@ -144,9 +172,12 @@ class ShmSetup:
         #: the shared-memory transport, once a peer's segment is mapped both ways
         self.transport: ShmTransport | None = None
         self.cma_pids: dict[int, int] = {}  # peers whose memory we may read (pid)
-        #: the world's arena and small-message slots (every rank on this host): set by
-        #: :meth:`share_world` once every rank reaches every peer by shared memory
+        #: the world's arena (every rank on this host): given by :meth:`group_arena` of
+        #: group 0 once every rank allocated its slot; the world's small-message slots: set
+        #: by :meth:`share_world` once every rank reaches every peer by shared memory
         self.arena: Arena | None = None
+        self._world_shared = False  # share_world() ran
+        self._world_at = self._world_nb = 0  # this rank's world arena slot in its segment
         self.seqslots: SeqSlots | None = None
         self._allocate: Allocator = reserve
         self._segs: list[Segment] = []
@@ -167,9 +198,10 @@ class ShmSetup:
 
     @property
     def world_part(self) -> int:
-        """Bytes at the start of this rank's segment allocated at set-up (rings, the world
-        arena's slot, the small-message slots); the sub-group arenas follow, allocated
-        when a group is made."""
+        """Bytes at the start of this rank's segment that set-up may allocate: the rings
+        and the small-message slots at once, the world arena's slot before the world's
+        first collective that may use it; the sub-group arenas follow, allocated when a
+        group is made."""
         return self._garena_at
 
     def set_allocator(self, allocate: Allocator) -> None:
@@ -177,10 +209,19 @@ class ShmSetup:
         :data:`Allocator` that raises ``OSError`` where there is no room)."""
         self._allocate = allocate
 
-    def connect(self, local: list[int], deadline: float, want: bool, forced: bool) -> set[int]:
-        """Set up shared memory with the same-host peers ``local``: the peers whose
-        segments both sides mapped (:attr:`transport` then reaches them), else empty.
-        ``want``: make a segment at all; ``forced``: every peer must be mapped."""
+    def connect(
+        self,
+        local: list[int],
+        deadline: float,
+        want: bool,
+        forced: bool,
+        note: dict[str, object],
+    ) -> Mapped:
+        """Set up shared memory with the same-host peers ``local``: which peers both
+        sides mapped (:attr:`transport` then reaches them), whether every pair of these
+        ranks did, and what each peer noted. ``want``: make a segment at all;
+        ``forced``: every peer must be mapped; ``note``: what this rank tells every peer
+        in its ack (the fabric's summary: it needs no exchange of its own)."""
         seg: Segment | None = None
         slot_bytes = shm_arena.SLOT_BYTES  # read at set-up: tests shrink it
         small = self.config.small_bytes
@@ -194,14 +235,16 @@ class ShmSetup:
         garena_off = small_off + (small_len + 63) // 64 * 64
         garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
         layout = layout_of(local, RING_BYTES, garena_off + garena_len)
-        # the sub-group arenas are mapped but not allocated: a group's members allocate
-        # theirs when it is made (group_arena), so unused ones cost no /dev/shm
+        # allocated now: the rings and the small-message slots; the world arena's slot is
+        # allocated before the world's first collective that may use it, and the
+        # sub-group arenas are mapped but allocated only when a group is made
+        # (group_arena): unused ones cost no /dev/shm
         self._garena_at = layout.slot_offset + garena_off
+        self._world_at, self._world_nb = layout.slot_offset, slot_bytes
+        now = [(0, layout.slot_offset), (layout.slot_offset + small_off, small_len)]
         if want:
             try:
-                seg = Segment.create(
-                    os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size, self._garena_at
-                )
+                seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size, now)
                 self._segs.append(seg)
                 self._own = seg
             except OSError as exc:
@@ -237,20 +280,26 @@ class ShmSetup:
                     int(str(h["pid"])), int(str(h["token_addr"])), bytes.fromhex(str(h["token"]))
                 ):
                     self.cma_pids[p] = int(str(h["pid"]))
+            ack = {"mapped": sorted(mapped), **note}
             acks = self.messages.exchange(
-                local, ACK, {p: {"ok": p in mapped} for p in local}, deadline
+                local, ACK, {p: {"ok": p in mapped, **ack} for p in local}, deadline
             )
         finally:
             if seg is not None:
                 seg.unlink()  # every peer that will map it has done so (or failed)
         shared = {p for p in mapped if acks[p].get("ok")}
+        notes = {p: {k: acks[p].get(k) for k in note} for p in local}
         if forced and len(shared) < len(local):
             raise UnsupportedError(
                 f"UNISON_TRANSPORT=shm, but shared memory could not be set up with ranks "
                 f"{sorted(set(local) - shared)}"
             )
         if not shared or seg is None:
-            return set()
+            return Mapped(set(), False, notes)
+        ranks = {self.rank, *local}
+        every_pair = len(mapped) == len(local) and all(
+            _listed(acks[p].get("mapped")) >= ranks - {p} for p in local
+        )
         shm = ShmTransport(self.rank, self.events, seg, len(local) + 1, self.tcp.send_control)
         self.transport = shm  # from now on a lost peer is reported to it too
         shm.matcher.share_any_source(self.tcp.matcher)  # any-source sees every peer
@@ -273,13 +322,14 @@ class ShmSetup:
             for p in shared:
                 off = int(str(theirs[p]["slot"])) + garena_off
                 self._garena[p] = mapped[p].view(off, garena_len)
-        return shared
+        return Mapped(shared, every_pair, notes)
 
     def share_world(self, size: int) -> None:
         """Every one of the ``size`` ranks reaches every other by shared memory (the
         fabric agreed it): make the world's arena and, where every rank mapped the
-        small-message regions, the world's slots."""
-        self.arena = Arena(self.rank, self._slots, len(self._slots[self.rank]))
+        small-message regions, the world's slots. The world's arena follows once the
+        world is made (:meth:`group_arena` of group 0)."""
+        self._world_shared = True
         small = self.config.small_bytes
         if small > 0 and len(self._small) == size:
             nb, _ = slot_regions(small)
@@ -319,43 +369,52 @@ class ShmSetup:
     def group_arena(
         self, gid: int, ranks: Sequence[int]
     ) -> Callable[[float, str], Arena | None] | None:
-        """Start setting up the shared arena of sub-group ``gid`` (global ``ranks``,
-        sorted) for a member: None where it has none (the same answer on every member:
-        the job shares one host, every rank mapped the same sub-group regions, the id has
-        a slot region), else a function that gives the arena, or None, the same on every
-        member: whether every member could allocate its part.
+        """Start setting up the shared arena of group ``gid`` (global ``ranks``, sorted)
+        for a member: None where it has none (the same answer on every member: the job
+        shares one host and, for a sub-group, every rank mapped the same sub-group
+        regions and the id has a slot region), else a function that gives the arena, or
+        None, the same on every member: whether every member could allocate its part.
+        The world (``gid`` 0) has every rank's slot, the sub-groups a part of the
+        sub-group regions.
 
         Called by every member when the group is made: each allocates its own part of
         the group's arena in its segment (the pages are then resident nowhere until a
-        round touches them) and sends the others whether that succeeded, on a thread of
-        its own (:class:`PartAllocation`: the group is made without waiting for the
-        pages, which take milliseconds, nor for the peers: a member may make a group its
-        peers never use, e.g. elastic joiners). The function
-        is called before the group's first collective that may choose an algorithm
-        (every member is then making, or has made, the group), with its deadline and the
-        collective's name for errors, and waits for the peers' answers; nothing touches
-        the arena unless every member's part is allocated (no SIGBUS on a short
-        /dev/shm: the group takes the message-based algorithms)."""
-        nb = self._garena_bytes()
-        if (
-            gid <= 0
-            or gid >= self.config.group_slots
-            or self.arena is None
-            or not nb
-            or self.rank not in ranks
-            or any(r not in self._garena for r in ranks)
-        ):
+        round touches them) and sends the others whether that succeeded
+        (:class:`PartAllocation`): a sub-group's on a thread of its own, so the group
+        is made without waiting for the pages, which take milliseconds, nor for the
+        peers (a member may make a group its peers never use, e.g. elastic joiners); the
+        world's when the function is first called. The function is called before the
+        group's first collective that may choose an algorithm (every member is then
+        making, or has made, the group), with its deadline and the collective's name for
+        errors, and waits for the peers' answers; nothing touches the arena unless every
+        member's part is allocated (no SIGBUS on a short /dev/shm: the group takes the
+        message-based algorithms)."""
+        if not self._world_shared or self.rank not in ranks:
             return None
-        off = (gid - 1) * nb
+        if gid == 0:  # the world's: every rank's slot, allocated here
+            nb, own_at, regions = self._world_nb, self._world_at, self._slots
+        else:
+            nb = self._garena_bytes()
+            if (
+                gid < 0
+                or gid >= self.config.group_slots
+                or not nb
+                or any(r not in self._garena for r in ranks)
+            ):
+                return None
+            off = (gid - 1) * nb
+            own_at = self._garena_at + off
+            regions = {r: self._garena[r][off : off + nb] for r in ranks}
         own = self._own
         peers = [r for r in ranks if r != self.rank]
+        what = "world's arena" if gid == 0 else f"arena of group {gid}"
         post_by = time.monotonic() + self.config.timeout
 
         def allocate() -> str:
             if own is None:
                 return "no segment of its own"
             try:
-                self._allocate(own, self._garena_at + off, nb, f"arena of group {gid}")
+                self._allocate(own, own_at, nb, what)
             except OSError as exc:
                 return str(exc)
             return ""
@@ -365,7 +424,7 @@ class ShmSetup:
                 peers, GROUP_ARENA + gid, {p: {"ok": ok} for p in peers}, post_by
             )
 
-        part = PartAllocation(f"unison-arena-{gid}", allocate, tell)
+        part = PartAllocation(f"unison-arena-{gid}", allocate, tell, background=gid != 0)
         self._allocations.append(part)
 
         def resolve(deadline: float, op: str) -> Arena | None:
@@ -380,15 +439,18 @@ class ShmSetup:
             )
             if lacking:
                 log.info(
-                    "group %d: no shared arena (ranks %s could not allocate theirs%s); its "
+                    "%s: no shared arena (ranks %s could not allocate theirs%s); its "
                     "large collectives take the message-based algorithms",
-                    gid,
+                    "the world" if gid == 0 else f"group {gid}",
                     lacking,
                     f": {part.why}" if part.why else "",
                 )
                 return None
-            arena = Arena(self.rank, {r: self._garena[r][off : off + nb] for r in ranks}, nb)
-            self._group_arenas.append(arena)
+            arena = Arena(self.rank, {r: regions[r] for r in ranks}, nb)
+            if gid == 0:
+                self.arena = arena
+            else:
+                self._group_arenas.append(arena)
             return arena
 
         return resolve
@@ -416,6 +478,11 @@ class ShmSetup:
             seg.unlink()
             seg.close()
         self._own = None
+
+
+def _listed(ranks: object) -> set[int]:
+    """The ranks an ack lists (none where it lists none)."""
+    return {int(r) for r in ranks} if isinstance(ranks, list) else set()
 
 
 def ring_of_peer(hello: dict[str, object], rank: int) -> int:
