@@ -7,7 +7,8 @@ Each repetition runs the three set-ups in turn, so a machine whose load changes 
 all three alike: unison's own API through the launcher's rendezvous store first (it
 agrees, outside its timed parts, the ports of the repetition's ``tcp://`` stores), then
 torch.distributed with the backends ``"unison"`` and ``"gloo"``, in an order that
-alternates between repetitions, each over a fresh store on rank 0. Every part is timed
+alternates between repetitions, each over a fresh ``TCPStore`` on rank 0 that every
+rank connected to before the timed part. Every part is timed
 on every rank; a repetition's figure is the slowest rank's. Prints, on rank 0, the
 median and minimum of each part over the repetitions after the first (the first pays
 first-use work; it is shown apart), and the process's very first ``unison.init``
@@ -52,20 +53,27 @@ def native(ports: list[int]) -> Parts:
 
 
 def c10d(backend: str, port: int, rank: int, size: int) -> Parts:
-    """torch's init_process_group, a new group of every rank, destroy_process_group."""
+    """torch's init_process_group over a store every rank has connected to (untimed), a
+    new group of every rank, destroy_process_group."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     import unison.torch.distributed  # noqa: F401  (registers the backend "unison")
 
+    # The store is torch's, the same for every backend, and made outside the timed part:
+    # a client that reaches it before rank 0 listens backs off for hundreds of
+    # milliseconds (torch's jittered retry), which would time torch's rendezvous and the
+    # ranks' arrival order, not the backend.
+    store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timedelta(seconds=60))
     t0 = time.perf_counter()
-    dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size)
     t1 = time.perf_counter()
     dist.new_group(list(range(size)), backend=backend)
     t2 = time.perf_counter()
     dist.destroy_process_group()
     t3 = time.perf_counter()
+    del store
     return {"init": t1 - t0, "new_group": t2 - t1, "destroy": t3 - t2}
 
 
