@@ -8,7 +8,7 @@ all three alike: unison's own API through the launcher's rendezvous store first 
 agrees, outside its timed parts, the ports of the repetition's ``tcp://`` stores), then
 torch.distributed with the backends ``"unison"`` and ``"gloo"``, in an order that
 alternates between repetitions, each over a fresh ``TCPStore`` on rank 0 that every
-rank connected to before the timed part. Every part is timed
+rank connected to before the timed part, which the ranks start together. Every part is timed
 on every rank; a repetition's figure is the slowest rank's. Prints, on rank 0, the
 median and minimum of each part over the repetitions after the first (the first pays
 first-use work; it is shown apart), and the process's very first ``unison.init``
@@ -63,9 +63,14 @@ def c10d(backend: str, port: int, rank: int, size: int) -> Parts:
 
     # The store is torch's, the same for every backend, and made outside the timed part:
     # a client that reaches it before rank 0 listens backs off for hundreds of
-    # milliseconds (torch's jittered retry), which would time torch's rendezvous and the
-    # ranks' arrival order, not the backend.
+    # milliseconds (torch's jittered retry), and rank 0 returns from making it only once
+    # every client has connected; either would time torch's rendezvous and the ranks'
+    # arrival order, not the backend. So the ranks also start the timed part together:
+    # the last to arrive releases the others (torch's store answers waiters at once).
     store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timedelta(seconds=60))
+    if store.add("bench/arrived", 1) == size:
+        store.set("bench/go", b"1")
+    store.wait(["bench/go"])
     t0 = time.perf_counter()
     dist.init_process_group(backend, store=store, rank=rank, world_size=size)
     t1 = time.perf_counter()
