@@ -114,6 +114,8 @@ def _on_use() -> list[object]:
     arena allocates that group's part on its members (not on the others), once."""
     r = un.rank()
     fabric = current().fabric  # type: ignore[attr-defined]
+    # the world's arena is allocated on a thread as init ends: done before counting
+    current().fabric.shm_setup.finish_allocations()  # type: ignore[attr-defined]
     start = _allocated()
     world_ok = start <= fabric.shm_setup.world_part + 4096
     g1 = un.new_group([0, 2])
@@ -168,6 +170,8 @@ def _no_room() -> list[object]:
     un.init()
     rt = current()
     rt.fabric.shm_setup.set_allocator(full)  # type: ignore[attr-defined]
+    # the world's arena is allocated on a thread as init ends: done before counting
+    current().fabric.shm_setup.finish_allocations()  # type: ignore[attr-defined]
     before = _allocated()
     g = un.new_group([0, 1])
     rt.fabric.shm_setup.finish_allocations()  # type: ignore[attr-defined]
@@ -231,6 +235,8 @@ def _no_arena() -> list[object]:
     """``new_group(shared_arena=False)`` allocates nothing in /dev/shm on its members and
     never gets an arena; its large collectives give the oracle's result."""
     r = un.rank()
+    # the world's arena is allocated on a thread as init ends: done before counting
+    current().fabric.shm_setup.finish_allocations()  # type: ignore[attr-defined]
     before = _allocated()
     g = un.new_group([0, 1], shared_arena=False)
     grew = _allocated() - before
@@ -291,25 +297,26 @@ def test_new_group_does_not_wait_for_its_arena_pages() -> None:
 
 
 def _world_no_room() -> list[object]:
-    """Rank 0 cannot allocate its slot of the world's arena (/dev/shm full when the
-    first large collective comes): neither rank uses the world's arena, the world's
-    large collectives take the message-based algorithms and give the oracle's result,
-    and a sub-group still gets its own arena."""
+    """Rank 0 cannot allocate its slot of the world's arena (/dev/shm full as init
+    ends): neither rank uses the world's arena, the world's large collectives take the
+    message-based algorithms and give the oracle's result, and a sub-group still gets
+    its own arena."""
     import os
 
-    from unison.backends.native.shm_setup import reserve
+    from unison.backends.native import shm_setup
     from unison.transport.shm_segment import Segment
 
     me = int(os.environ["UNISON_RANK"])
+    reserve = shm_setup.reserve
 
     def full(seg: Segment, offset: int, length: int, what: str) -> None:
         if me == 0 and "world" in what:
             raise OSError(28, "No space left on device")
         reserve(seg, offset, length, what)
 
+    shm_setup.reserve = full  # the allocator of the set-up that init makes
     un.init()
     rt = current()
-    rt.fabric.shm_setup.set_allocator(full)  # type: ignore[attr-defined]
     n = NBYTES // 4 + 7
     ins = [_inp(q, n, np.float32, 5) for q in range(2)]
     x = ins[me].copy()
@@ -332,3 +339,27 @@ def test_no_room_for_the_world_arena_takes_the_message_path() -> None:
     for o in outs:
         assert o.ok, o.describe()
         assert o.value == [True, True, False, True, True]
+
+
+def _first_large_mismatched() -> list[object]:
+    """The world's first large collective on one rank meets a small one on the other:
+    agreeing on the world's arena waits for nothing the other rank would only send from
+    a large collective of its own, so both get the MismatchError at once, not a timeout."""
+    import time
+
+    t = time.monotonic()
+    try:
+        if un.rank() == 0:
+            un.all_reduce(np.ones(NBYTES // 4, np.float32))
+        else:
+            un.broadcast(np.ones(2, np.float32), 0)
+    except un.MismatchError as exc:
+        return [type(exc).__name__, time.monotonic() - t < 5]
+    except Exception as exc:  # the wrong error
+        return [f"{type(exc).__name__}: {exc}"]
+    return ["no error"]
+
+
+def test_first_large_world_collective_mismatched_is_a_mismatch_at_once() -> None:
+    outs = spawn(_first_large_mismatched, 2, timeout=60, env={"UNISON_TIMEOUT": "20"})
+    assert outs == [["MismatchError", True]] * 2, outs

@@ -64,8 +64,8 @@ def test_small_dev_shm_is_a_clear_error_or_tcp(tmp_path: Path) -> None:
 @pytest.mark.skipif(WHY is not None, reason=str(WHY))
 def test_no_room_for_the_world_arena_is_the_message_path(tmp_path: Path) -> None:
     # 16 MB hold both ranks' set-up (about 3.4 MiB each) but not both 8 MiB slots of the
-    # world's arena, which the first large collective allocates: no SIGBUS, the result
-    # by the message-based algorithms over shared memory (forced: no TCP fallback)
+    # world's arena, allocated as init ends: no SIGBUS, the result by the message-based
+    # algorithms over shared memory (forced: no TCP fallback)
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT), UNISON_LOG_LEVEL="INFO", UNISON_TRANSPORT="shm")

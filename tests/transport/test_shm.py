@@ -26,25 +26,24 @@ def _leftovers(job: str) -> list[str]:
 
 
 def _after_init() -> dict[str, object]:
-    """Routes, files and link after init; the world's arena only after the first
-    collective that may use it (2 MiB: past the small-message slots), which allocates
-    its slot (the segment's allocated bytes grow by it) and gives the sum."""
-    from unison.algorithms.shm_arena import SLOT_BYTES
+    """Routes, files and link after init; the world's arena once agreed, at the first
+    collective that may use it (2 MiB: past the small-message slots), with its slot
+    allocated (the segment's whole set-up part) and the sum right."""
     from unison.world import current
 
     rt = current()
     job = os.environ["UNISON_JOB_ID"]
-    seg = rt.fabric.shm_setup.segment  # type: ignore[attr-defined]
-    before = os.fstat(seg.fd).st_blocks * 512 if seg is not None else 0
+    setup = rt.fabric.shm_setup  # type: ignore[attr-defined]
     arena_at_init = rt.fabric.arena is not None
     x = np.full(1 << 19, un.rank() + 1.0, np.float32)
     un.all_reduce(x)
-    grew = os.fstat(seg.fd).st_blocks * 512 - before if seg is not None else 0
+    seg = setup.segment
+    allocated = os.fstat(seg.fd).st_blocks * 512 if seg is not None else 0
     return {
         "routes": sorted({t.name for t in rt.fabric.route.values()}),
         "files": _leftovers(job),
         "arena": [arena_at_init, rt.fabric.arena is not None],
-        "grew": grew >= SLOT_BYTES,
+        "allocated": allocated >= setup.world_part - 4096 > 0,
         "sum": bool((x == sum(range(1, un.size() + 1))).all()),
         "link": type(rt.link).__name__,
     }
@@ -59,7 +58,7 @@ def test_routes_and_segments_unlinked_once_mapped(mode: str, route: str, link: s
         assert o["routes"] == [route]
         assert o["files"] == [], "a segment outlived the set-up"
         assert o["arena"] == [False, route == "shm"]
-        assert o["grew"] is (route == "shm")
+        assert o["allocated"] is (route == "shm")
         assert o["sum"]
         assert o["link"] == link
     assert _leftovers(job) == []

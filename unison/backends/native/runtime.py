@@ -187,10 +187,10 @@ class Runtime:
         shared arena on one host (the world's of ``SLOT_BYTES`` per rank; a sub-group's
         own, ``UNISON_GROUP_ARENA_BYTES`` per rank, its rounds in its ``half``): their
         operations run one at a time, in the same order on every member, so the direct
-        shared-memory algorithms apply. The arena is allocated (a sub-group's on a thread
-        as it is made, the world's then) and agreed before the group's first chosen
-        algorithm (:meth:`choose`): until then the topology has none
-        (``own_arena=False``: a sub-group that never gets one)."""
+        shared-memory algorithms apply. The arena is allocated on a thread as the group is
+        made and agreed before the group's first chosen algorithm (:meth:`choose`):
+        until then the topology has none (``own_arena=False``: a sub-group that never
+        gets one)."""
         host_of = self.fabric.host_of
         by_host: dict[str, list[int]] = {}
         for g, r in enumerate(ranks):

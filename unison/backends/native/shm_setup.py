@@ -100,32 +100,24 @@ def reserve(seg: Segment, offset: int, length: int, what: str) -> None:
 
 
 class PartAllocation:
-    """This rank's part of a group's arena: it allocates (``allocate()``: "" on success,
-    else why not), then tells the peers (``tell(ok)``: the posted exchange). Nothing of
-    the arena is touched before :meth:`result` returned and every member said yes.
-
-    A sub-group's part is allocated on a thread of its own (``background``): reserving
-    every page up front takes milliseconds, which would otherwise be spent in
-    ``new_group``. The world's is allocated by :meth:`result` itself, in the first
-    collective that may use it: a job whose collectives all fit the small-message
-    slots never allocates it, and ``init`` does not wait for its pages."""
+    """This rank's part of a group's arena, allocated on a thread of its own: reserving
+    every page up front takes milliseconds, which would otherwise be spent in ``init``
+    or ``new_group``. The thread allocates (``allocate()``: "" on success, else why
+    not), then tells the peers (``tell(ok)``: the posted exchange), whatever this rank
+    does meanwhile: a peer that agrees on the arena before its first large collective
+    never waits for this rank to reach one. Nothing of the arena is touched before
+    :meth:`result` returned and every member said yes."""
 
     def __init__(
-        self,
-        name: str,
-        allocate: Callable[[], str],
-        tell: Callable[[bool], Posted],
-        background: bool = True,
+        self, name: str, allocate: Callable[[], str], tell: Callable[[bool], Posted]
     ) -> None:
         self.ok = False
         self.why = ""  # why this rank's part could not be allocated
         self._allocate, self._tell = allocate, tell
         self._posted: Posted | None = None
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-            self._thread.start()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -138,11 +130,8 @@ class PartAllocation:
     def result(self, deadline: float, op: str) -> Posted:
         """The exchange with the peers, once this rank's part is allocated (or not) and
         its answer sent; raises what the thread met, or a timeout at ``deadline``."""
-        if self._thread is None:  # not started: allocate and tell now, in this thread
-            self._run()
-        else:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread is not None and self._thread.is_alive():
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
             raise CollectiveTimeoutError(
                 f"{op}: this rank's part of the group's shared arena was not allocated in time",
                 op=op,
@@ -153,9 +142,8 @@ class PartAllocation:
         return self._posted
 
     def join(self) -> None:
-        """Wait for the thread, if one runs (for milliseconds)."""
-        if self._thread is not None:
-            self._thread.join()
+        """Wait for the thread (it runs for milliseconds)."""
+        self._thread.join()
 
 
 class ShmSetup:
@@ -198,10 +186,9 @@ class ShmSetup:
 
     @property
     def world_part(self) -> int:
-        """Bytes at the start of this rank's segment that set-up may allocate: the rings
-        and the small-message slots at once, the world arena's slot before the world's
-        first collective that may use it; the sub-group arenas follow, allocated when a
-        group is made."""
+        """Bytes at the start of this rank's segment allocated at set-up: the rings and
+        the small-message slots at once, the world arena's slot on a thread as the world
+        is made; the sub-group arenas follow, allocated when a group is made."""
         return self._garena_at
 
     def set_allocator(self, allocate: Allocator) -> None:
@@ -236,9 +223,9 @@ class ShmSetup:
         garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
         layout = layout_of(local, RING_BYTES, garena_off + garena_len)
         # allocated now: the rings and the small-message slots; the world arena's slot is
-        # allocated before the world's first collective that may use it, and the
-        # sub-group arenas are mapped but allocated only when a group is made
-        # (group_arena): unused ones cost no /dev/shm
+        # allocated on a thread as the world is made, and the sub-group arenas are
+        # mapped but allocated only when a group is made (group_arena): unused ones cost
+        # no /dev/shm
         self._garena_at = layout.slot_offset + garena_off
         self._world_at, self._world_nb = layout.slot_offset, slot_bytes
         now = [(0, layout.slot_offset), (layout.slot_offset + small_off, small_len)]
@@ -377,18 +364,17 @@ class ShmSetup:
         The world (``gid`` 0) has every rank's slot, the sub-groups a part of the
         sub-group regions.
 
-        Called by every member when the group is made: each allocates its own part of
-        the group's arena in its segment (the pages are then resident nowhere until a
-        round touches them) and sends the others whether that succeeded
-        (:class:`PartAllocation`): a sub-group's on a thread of its own, so the group
-        is made without waiting for the pages, which take milliseconds, nor for the
-        peers (a member may make a group its peers never use, e.g. elastic joiners); the
-        world's when the function is first called. The function is called before the
-        group's first collective that may choose an algorithm (every member is then
-        making, or has made, the group), with its deadline and the collective's name for
-        errors, and waits for the peers' answers; nothing touches the arena unless every
-        member's part is allocated (no SIGBUS on a short /dev/shm: the group takes the
-        message-based algorithms)."""
+        Called by every member when the group is made (the world in ``init``): each
+        allocates its own part of the group's arena in its segment (the pages are then
+        resident nowhere until a round touches them) and sends the others whether that
+        succeeded, on a thread of its own (:class:`PartAllocation`: the group is made
+        without waiting for the pages, which take milliseconds, nor for the peers: a
+        member may make a group its peers never use, e.g. elastic joiners). The function
+        is called before the group's first collective that may choose an algorithm
+        (every member is then making, or has made, the group), with its deadline and the
+        collective's name for errors, and waits for the peers' answers; nothing touches
+        the arena unless every member's part is allocated (no SIGBUS on a short
+        /dev/shm: the group takes the message-based algorithms)."""
         if not self._world_shared or self.rank not in ranks:
             return None
         if gid == 0:  # the world's: every rank's slot, allocated here
@@ -424,7 +410,7 @@ class ShmSetup:
                 peers, GROUP_ARENA + gid, {p: {"ok": ok} for p in peers}, post_by
             )
 
-        part = PartAllocation(f"unison-arena-{gid}", allocate, tell, background=gid != 0)
+        part = PartAllocation(f"unison-arena-{gid}", allocate, tell)
         self._allocations.append(part)
 
         def resolve(deadline: float, op: str) -> Arena | None:
