@@ -12,6 +12,7 @@ import numpy as np
 
 import unison as un
 from unison import ReduceOp
+from unison.backends.native.shm_setup import Allocator
 from unison.testing import reduce_oracle, run_ranks, spawn
 from unison.world import current
 
@@ -151,10 +152,9 @@ def test_sub_group_arena_allocated_only_when_a_group_is_made() -> None:
         assert has == [member, True], (r, has)
 
 
-def _no_room() -> list[object]:
-    """Rank 0 cannot allocate its part of the first sub-group's arena (/dev/shm full):
-    no member uses that group's arena, its collectives take the message-based
-    algorithms and give the numpy oracle's result; a later group still gets one."""
+def _no_room_on_rank_0(arena: str) -> Allocator:
+    """An allocator with no room on rank 0 for the arena whose description names
+    ``arena`` (/dev/shm full), the real one for everything else."""
     import os
 
     from unison.backends.native.shm_setup import reserve
@@ -163,13 +163,23 @@ def _no_room() -> list[object]:
     me = int(os.environ["UNISON_RANK"])
 
     def full(seg: Segment, offset: int, length: int, what: str) -> None:
-        if me == 0 and "group 1" in what:
+        if me == 0 and arena in what:
             raise OSError(28, "No space left on device")
         reserve(seg, offset, length, what)
 
+    return full
+
+
+def _no_room() -> list[object]:
+    """Rank 0 cannot allocate its part of the first sub-group's arena (/dev/shm full):
+    no member uses that group's arena, its collectives take the message-based
+    algorithms and give the numpy oracle's result; a later group still gets one."""
+    import os
+
+    me = int(os.environ["UNISON_RANK"])
     un.init()
     rt = current()
-    rt.fabric.shm_setup.set_allocator(full)  # type: ignore[attr-defined]
+    rt.fabric.shm_setup.set_allocator(_no_room_on_rank_0("group 1"))  # type: ignore[attr-defined]
     # the world's arena is allocated on a thread as init ends: done before counting
     current().fabric.shm_setup.finish_allocations()  # type: ignore[attr-defined]
     before = _allocated()
@@ -304,17 +314,9 @@ def _world_no_room() -> list[object]:
     import os
 
     from unison.backends.native import shm_setup
-    from unison.transport.shm_segment import Segment
 
     me = int(os.environ["UNISON_RANK"])
-    reserve = shm_setup.reserve
-
-    def full(seg: Segment, offset: int, length: int, what: str) -> None:
-        if me == 0 and "world" in what:
-            raise OSError(28, "No space left on device")
-        reserve(seg, offset, length, what)
-
-    shm_setup.reserve = full  # the allocator of the set-up that init makes
+    shm_setup.reserve = _no_room_on_rank_0("world")  # the allocator of init's set-up
     un.init()
     rt = current()
     n = NBYTES // 4 + 7

@@ -39,19 +39,31 @@ def _why_not() -> str | None:
 WHY = _why_not()
 
 
+def _run_command(tmp_path: Path, script: str) -> str:
+    """The shell command that runs ``script`` under ``unison run -np 2``."""
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    return f"{sys.executable} -m unison run -np 2 --timeout 30 {sys.executable} {path}"
+
+
+def _with_shm_of(size: str, command: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``command`` in a mount namespace whose /dev/shm is a tmpfs of ``size``."""
+    both = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && {command}"
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", both],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
+        timeout=100,
+    )
+
+
 @pytest.mark.skipif(WHY is not None, reason=str(WHY))
 def test_small_dev_shm_is_a_clear_error_or_tcp(tmp_path: Path) -> None:
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = f"{sys.executable} -m unison run -np 2 --timeout 30 {sys.executable} {script}"
+    run = _run_command(tmp_path, SCRIPT)
     # each rank's set-up allocates about 3.4 MiB (rings and small-message slots): two
     # do not fit in 4 MB
-    mount = "mount -t tmpfs -o size=4m tmpfs /dev/shm"
-    both = f"{mount} && UNISON_TRANSPORT=shm {run}; echo RC=$?; {run}"
-    r = subprocess.run(
-        ["unshare", "-m", "sh", "-c", both], capture_output=True, text=True, env=env, timeout=100
-    )
+    r = _with_shm_of("4m", f"UNISON_TRANSPORT=shm {run}; echo RC=$?; {run}")
     forced, _, auto = r.stdout.partition("RC=")
     assert "SUM OK" not in forced, r.stdout
     assert auto.startswith("1\n"), r.stdout  # exit 1 with the error, not 135 (SIGBUS)
@@ -66,14 +78,8 @@ def test_no_room_for_the_world_arena_is_the_message_path(tmp_path: Path) -> None
     # 16 MB hold both ranks' set-up (about 3.4 MiB each) but not both 8 MiB slots of the
     # world's arena, allocated as init ends: no SIGBUS, the result by the message-based
     # algorithms over shared memory (forced: no TCP fallback)
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), UNISON_LOG_LEVEL="INFO", UNISON_TRANSPORT="shm")
-    run = f"{sys.executable} -m unison run -np 2 --timeout 30 {sys.executable} {script}"
-    both = f"mount -t tmpfs -o size=16m tmpfs /dev/shm && {run}"
-    r = subprocess.run(
-        ["unshare", "-m", "sh", "-c", both], capture_output=True, text=True, env=env, timeout=100
-    )
+    run = _run_command(tmp_path, SCRIPT)
+    r = _with_shm_of("16m", run, UNISON_LOG_LEVEL="INFO", UNISON_TRANSPORT="shm")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("SUM OK") == 2, r.stdout + r.stderr
     assert "the world: no shared arena" in r.stderr, r.stderr
@@ -98,15 +104,9 @@ print(f"GROUP OK arena={arena}", flush=True)
 def test_no_room_for_a_sub_group_arena_is_the_message_path(tmp_path: Path) -> None:
     # a 20 MB /dev/shm holds both ranks' set-up (about 3.4 MiB each) and one part of a
     # sub-group's 8 MiB arena, not both: no member uses it, no SIGBUS
-    script = tmp_path / "job.py"
-    script.write_text(GROUP_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), UNISON_LOG_LEVEL="INFO")
-    env["UNISON_GROUP_ARENA_BYTES"] = str(8 << 20)
-    run = f"{sys.executable} -m unison run -np 2 --timeout 30 {sys.executable} {script}"
-    both = f"mount -t tmpfs -o size=20m tmpfs /dev/shm && {run}"
-    r = subprocess.run(
-        ["unshare", "-m", "sh", "-c", both], capture_output=True, text=True, env=env, timeout=100
-    )
+    run = _run_command(tmp_path, GROUP_SCRIPT)
+    env = {"UNISON_LOG_LEVEL": "INFO", "UNISON_GROUP_ARENA_BYTES": str(8 << 20)}
+    r = _with_shm_of("20m", run, **env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("GROUP OK arena=False") == 2, r.stdout + r.stderr
     assert "no shared arena" in r.stderr, r.stderr

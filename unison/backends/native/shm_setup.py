@@ -377,7 +377,7 @@ class ShmSetup:
         /dev/shm: the group takes the message-based algorithms)."""
         if not self._world_shared or self.rank not in ranks:
             return None
-        if gid == 0:  # the world's: every rank's slot, allocated here
+        if gid == 0:  # the world's: every rank's slot
             nb, own_at, regions = self._world_nb, self._world_at, self._slots
         else:
             nb = self._garena_bytes()
@@ -432,7 +432,7 @@ class ShmSetup:
                     f": {part.why}" if part.why else "",
                 )
                 return None
-            arena = Arena(self.rank, {r: regions[r] for r in ranks}, nb)
+            arena = Arena(self.rank, regions, nb)
             if gid == 0:
                 self.arena = arena
             else:
