@@ -15,6 +15,7 @@ collectives promptly instead of waiting for their deadline.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -45,6 +46,21 @@ def _bytes_view(arr: np.ndarray) -> memoryview:
 
 def _sig_matches(a: OpSig, b: OpSig) -> bool:
     return a == b
+
+
+#: what a socket reports once its peer closed or reset the connection (POLLRDHUP: the peer
+#: shut down its sending side, Linux only)
+_HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the kernel already knows that ``sock``'s peer has closed (nothing is read)."""
+    poller = select.poll()
+    try:
+        poller.register(sock, _HANGUP)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # closed under us: it is gone, the reader will say why
+        return False
 
 
 class _Conn:
@@ -275,12 +291,29 @@ class TcpTransport(MatchingTransport):
 
     # --- failure and shutdown -------------------------------------------------------
     def gone(self, peers: Sequence[int]) -> PeerLostError | None:
-        """The error of the first of ``peers`` whose connection has closed, or None."""
+        """Why one of ``peers`` can no longer take part, or None: the first whose connection
+        was lost, else the first that shut down in order.
+
+        A peer that shut down in order in the middle of an operation has mostly failed
+        first on a peer that was lost, and left: that lost peer is the one to name. Its
+        end of stream may already sit in the kernel while its reader thread has not run
+        yet (a loaded host), so before naming a peer that shut down, the connections not
+        yet known closed are asked whether they have hung up."""
+        shut: _Conn | None = None
         for p in peers:
             conn = self.conns.get(p)
-            if conn is not None and conn.dead is not None:
+            if conn is None or conn.dead is None:
+                continue
+            if not conn.goodbye:
                 return self._lost_error(conn)
-        return None
+            shut = shut or conn
+        if shut is None:
+            return None
+        for p in peers:
+            conn = self.conns.get(p)
+            if conn is not None and conn.dead is None and _hung_up(conn.sock):
+                return self._lost_error(conn, "closed")
+        return self._lost_error(shut)
 
     def _lost_error(self, conn: _Conn, detail: str | None = None) -> PeerLostError:
         if conn.goodbye:

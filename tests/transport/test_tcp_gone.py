@@ -1,0 +1,50 @@
+"""Which peer a failure names when one peer was lost and another then shut down in order.
+
+On a loaded host a rank can learn that a peer shut down (it failed on the lost peer and
+left) before its own reader thread has taken the lost peer's end of stream; the error
+must still name the lost peer, whose end of stream the kernel already holds."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from unison.transport.base import Events
+from unison.transport.tcp import TcpTransport
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        a = socket.create_connection(srv.getsockname())
+        b, _ = srv.accept()
+    return a, b
+
+
+def _events() -> Events:
+    return Events(peer_lost=lambda peer, reason, graceful: None, abort=lambda peer, info: None)
+
+
+@pytest.mark.timeout(60)
+def test_a_lost_peer_is_named_before_one_that_shut_down_after_it() -> None:
+    for _ in range(20):
+        me, leaver = TcpTransport(0, _events()), TcpTransport(2, _events())
+        to_lost, lost_end = _tcp_pair()
+        to_leaver, leaver_end = _tcp_pair()
+        me.attach(1, to_lost)
+        me.attach(2, to_leaver)
+        leaver.attach(0, leaver_end)
+        try:
+            leaver.close()  # says goodbye, then closes
+            deadline = time.monotonic() + 10
+            while me.gone([2]) is None:
+                assert time.monotonic() < deadline, "the goodbye never arrived"
+                time.sleep(0.001)
+            assert "rank 2 has shut down" in str(me.gone([1, 2]))
+            lost_end.close()  # rank 1 dies: no goodbye
+            err = me.gone([1, 2])  # at once: rank 0's reader may not have run yet
+            assert err is not None and "lost connection to rank 1" in str(err), err
+            assert err.ranks == (1,)
+        finally:
+            me.close()
