@@ -26,25 +26,50 @@ def _events() -> Events:
     return Events(peer_lost=lambda peer, reason, graceful: None, abort=lambda peer, info: None)
 
 
+def _rank0_after_rank2_left() -> tuple[TcpTransport, socket.socket]:
+    """Rank 0's transport once rank 2 said goodbye and left, and rank 1's end of its
+    connection to rank 0 (still open)."""
+    me, leaver = TcpTransport(0, _events()), TcpTransport(2, _events())
+    to_lost, lost_end = _tcp_pair()
+    to_leaver, leaver_end = _tcp_pair()
+    me.attach(1, to_lost)
+    me.attach(2, to_leaver)
+    leaver.attach(0, leaver_end)
+    leaver.close()  # says goodbye, then closes
+    deadline = time.monotonic() + 10
+    while me.gone([2]) is None:
+        assert time.monotonic() < deadline, "the goodbye never arrived"
+        time.sleep(0.001)
+    return me, lost_end
+
+
 @pytest.mark.timeout(60)
 def test_a_lost_peer_is_named_before_one_that_shut_down_after_it() -> None:
     for _ in range(20):
-        me, leaver = TcpTransport(0, _events()), TcpTransport(2, _events())
-        to_lost, lost_end = _tcp_pair()
-        to_leaver, leaver_end = _tcp_pair()
-        me.attach(1, to_lost)
-        me.attach(2, to_leaver)
-        leaver.attach(0, leaver_end)
+        me, lost_end = _rank0_after_rank2_left()
         try:
-            leaver.close()  # says goodbye, then closes
-            deadline = time.monotonic() + 10
-            while me.gone([2]) is None:
-                assert time.monotonic() < deadline, "the goodbye never arrived"
-                time.sleep(0.001)
-            assert "rank 2 has shut down" in str(me.gone([1, 2]))
+            shut = me.gone([1, 2])
+            assert shut is not None and "rank 2 has shut down" in str(shut), shut
+            assert me.explain(shut, [1, 2]) is shut  # rank 1 is still there
             lost_end.close()  # rank 1 dies: no goodbye
-            err = me.gone([1, 2])  # at once: rank 0's reader may not have run yet
-            assert err is not None and "lost connection to rank 1" in str(err), err
-            assert err.ranks == (1,)
+            # at once: rank 0's reader may not have taken rank 1's end of stream yet
+            for err in (me.gone([1, 2]), me.explain(shut, [1, 2])):
+                assert err is not None and "lost connection to rank 1" in str(err), err
+                assert err.ranks == (1,)
         finally:
             me.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_lost_peer_is_reported_as_itself() -> None:
+    me, lost_end = _rank0_after_rank2_left()
+    try:
+        lost_end.close()
+        deadline = time.monotonic() + 10
+        while (err := me.gone([1])) is None:
+            assert time.monotonic() < deadline, "the end of stream was never taken"
+            time.sleep(0.001)
+        assert "lost connection to rank 1" in str(err)
+        assert me.explain(err, [1, 2]) is err
+    finally:
+        me.close()

@@ -22,6 +22,7 @@ from ..errors import (
     CollectiveTimeoutError,
     CommunicationError,
     MismatchError,
+    PeerLostError,
 )
 from ..link import Link
 from ..transport.framing import FrameKind
@@ -72,6 +73,11 @@ class Router(Protocol):
     ) -> Request: ...
 
     def cancel(self, peer: int, req: Request) -> None: ...
+
+    def explain(self, err: PeerLostError, peers: Sequence[int]) -> PeerLostError:
+        """``err``, or when it reports a peer's orderly shutdown, the loss of one of
+        ``peers`` that explains it (a peer that failed on a lost rank, then left)."""
+        ...
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
@@ -206,6 +212,9 @@ class OpContext:
             except CommunicationError as exc:
                 if self._aborted is not None:  # the root cause beats its consequences
                     raise self._aborted from None
+                if isinstance(exc, PeerLostError):  # a peer that left may have left for another
+                    me = self.ranks[self.rank]
+                    exc = self.router.explain(exc, [r for r in self.ranks if r != me])
                 raise self.named(exc) from None
             if not done:
                 raise self._timeout_error(req)

@@ -291,29 +291,35 @@ class TcpTransport(MatchingTransport):
 
     # --- failure and shutdown -------------------------------------------------------
     def gone(self, peers: Sequence[int]) -> PeerLostError | None:
-        """Why one of ``peers`` can no longer take part, or None: the first whose connection
-        was lost, else the first that shut down in order.
+        """Why one of ``peers`` can no longer take part (its connection closed), or None;
+        a peer that shut down in order is explained first (:meth:`explain`)."""
+        for p in peers:
+            conn = self.conns.get(p)
+            if conn is not None and conn.dead is not None:
+                return self.explain(self._lost_error(conn), peers)
+        return None
 
-        A peer that shut down in order in the middle of an operation has mostly failed
-        first on a peer that was lost, and left: that lost peer is the one to name. Its
-        end of stream may already sit in the kernel while its reader thread has not run
-        yet (a loaded host), so before naming a peer that shut down, the connections not
-        yet known closed are asked whether they have hung up."""
-        shut: _Conn | None = None
+    def explain(self, err: PeerLostError, peers: Sequence[int]) -> PeerLostError:
+        """``err``, or when it says that a peer shut down in order, the loss of one of
+        ``peers`` that explains it.
+
+        A peer that shuts down in order in the middle of an operation has mostly failed
+        on a peer that was lost, and left: the lost peer is the one to name. Its end of
+        stream may already sit in the kernel while this rank's reader thread has not run
+        yet (a loaded host), so the connections not yet known closed are asked whether
+        their peer has hung up."""
+        conn = self.conns.get(err.ranks[0]) if len(err.ranks) == 1 else None
+        if conn is None or not conn.goodbye:
+            return err
         for p in peers:
-            conn = self.conns.get(p)
-            if conn is None or conn.dead is None:
-                continue
-            if not conn.goodbye:
-                return self._lost_error(conn)
-            shut = shut or conn
-        if shut is None:
-            return None
+            other = self.conns.get(p)
+            if other is not None and other.dead is not None and not other.goodbye:
+                return self._lost_error(other)
         for p in peers:
-            conn = self.conns.get(p)
-            if conn is not None and conn.dead is None and _hung_up(conn.sock):
-                return self._lost_error(conn, "closed")
-        return self._lost_error(shut)
+            other = self.conns.get(p)
+            if other is not None and other.dead is None and _hung_up(other.sock):
+                return self._lost_error(other, "closed")
+        return err
 
     def _lost_error(self, conn: _Conn, detail: str | None = None) -> PeerLostError:
         if conn.goodbye:

@@ -211,6 +211,11 @@ class Fabric:
         """Why one of ``peers`` can no longer take part (its connection closed), or None."""
         return self.tcp.gone(peers)
 
+    def explain(self, err: PeerLostError, peers: Sequence[int]) -> PeerLostError:
+        """``err``, or the loss among ``peers`` that explains a peer's orderly shutdown
+        (every transport's peers are the TCP mesh's: its connections say who left how)."""
+        return self.tcp.explain(err, peers)
+
     def forget(self, group: int, seq: int) -> None:
         for t in self.transports:
             t.forget(group, seq)
