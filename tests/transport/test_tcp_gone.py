@@ -2,7 +2,8 @@
 
 On a loaded host a rank can learn that a peer shut down (it failed on the lost peer and
 left) before its own reader thread has taken the lost peer's end of stream; the error
-must still name the lost peer, whose end of stream the kernel already holds."""
+must still name the lost peer, whose end of stream the kernel already holds. Two peers that
+both left in order are not called lost, though the second's goodbye is still unread."""
 
 from __future__ import annotations
 
@@ -73,3 +74,20 @@ def test_a_lost_peer_is_reported_as_itself() -> None:
         assert me.explain(err, [1, 2]) is err
     finally:
         me.close()
+
+
+@pytest.mark.timeout(60)
+def test_two_peers_that_shut_down_in_order_are_not_called_lost() -> None:
+    for _ in range(20):
+        me, rank1_end = _rank0_after_rank2_left()
+        rank1 = TcpTransport(1, _events())
+        try:
+            shut = me.gone([2])
+            assert shut is not None
+            # rank 1 leaves in order too; its goodbye may still be unread when asked
+            rank1.attach(0, rank1_end)
+            rank1.close()
+            err = me.explain(shut, [1, 2])
+            assert "lost connection" not in str(err), err
+        finally:
+            me.close()

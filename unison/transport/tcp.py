@@ -54,13 +54,19 @@ _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
 
 def _hung_up(sock: socket.socket) -> bool:
-    """Whether the kernel already knows that ``sock``'s peer has closed (nothing is read)."""
+    """Whether ``sock``'s peer has closed or reset the connection with nothing left unread
+    (a peer that left in order wrote a goodbye before closing: while bytes are pending, it
+    may be that, and the reader will tell). Nothing is read."""
     poller = select.poll()
     try:
         poller.register(sock, _HANGUP)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):  # closed under us: it is gone, the reader will say why
+        if not poller.poll(0):
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, ValueError):  # nothing to read yet; or closed under us
         return False
+    except OSError:  # reset by the peer
+        return True
 
 
 class _Conn:
