@@ -46,8 +46,11 @@ def test_check_launch_names_the_launcher() -> None:
 def test_mpi_backend_under_unison_run_is_refused(tmp_path: Path) -> None:
     script = tmp_path / "mpi_under_run.py"
     script.write_text(
-        "import numpy as np, unison as un\n"
-        "un.init(backend='mpi')\n"
+        "import sys, numpy as np, unison as un\n"
+        "try:\n"
+        "    un.init(backend='mpi')\n"
+        "finally:\n"
+        "    print('MPI started:', 'mpi4py.MPI' in sys.modules, flush=True)\n"
         "a = np.array([un.rank() + 1.0])\n"
         "un.all_reduce(a)\n"
         "print('SUM', a[0], flush=True)\n"
@@ -66,6 +69,8 @@ def test_mpi_backend_under_unison_run_is_refused(tmp_path: Path) -> None:
     assert out.returncode != 0, text
     assert "SUM" not in text, text  # nothing ran on the wrong world
     assert "LaunchError" in text and "mpirun -np 2" in text, text
+    # refused before MPI starts: a singleton MPI world leaves Open MPI's /dev/shm file
+    assert "MPI started: False" in text and "MPI started: True" not in text, text
 
 
 def _mismatches(fresh_groups: bool) -> list[str]:

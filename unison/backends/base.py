@@ -30,7 +30,16 @@ if TYPE_CHECKING:
     from ..comm.backend import Backend
     from ..config import Config
 
-__all__ = ["BackendRuntime", "check_launch", "comm_error", "pack", "poll_work", "raw", "unpack"]
+__all__ = [
+    "BackendRuntime",
+    "check_launch",
+    "check_launch_alone",
+    "comm_error",
+    "pack",
+    "poll_work",
+    "raw",
+    "unpack",
+]
 
 
 # --- buffer preparation shared by the engines -------------------------------------------------
@@ -141,6 +150,18 @@ def check_launch(
                 f"{engine} engine sees a world of {size}: the processes did not join one job. "
                 f"Start jobs on the {engine} backend with {how}"
             )
+
+
+def check_launch_alone(engine: str, environ: Mapping[str, str] = os.environ) -> None:
+    """:func:`check_launch` before the engine starts, in a process that none of the
+    engine's launchers started: the engine's world would be this process alone."""
+    rank = 0
+    for var in ("UNISON_RANK", "HOROVOD_RANK"):
+        text = environ.get(var, "").strip()
+        if text.isdigit():
+            rank = int(text)
+            break
+    check_launch(engine, rank, 1, environ)
 
 
 class BackendRuntime:

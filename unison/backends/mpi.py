@@ -10,6 +10,7 @@ are ``Split`` sub-communicators of a private duplicate of ``COMM_WORLD``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,17 @@ from ..buffers import Buffer, DType, finalize_average
 from ..comm.group import ANY_SOURCE
 from ..comm.work import Work
 from ..errors import MismatchError, UnsupportedError
-from .base import BackendRuntime, check_launch, comm_error, pack, poll_work, raw, unpack
+from ..jobenv import from_openmpi, from_pmi, from_slurm
+from .base import (
+    BackendRuntime,
+    check_launch,
+    check_launch_alone,
+    comm_error,
+    pack,
+    poll_work,
+    raw,
+    unpack,
+)
 
 if TYPE_CHECKING:
     from ..comm.group import Group
@@ -317,6 +328,11 @@ class MPIBackend:
 
 
 def open_runtime(config: Config) -> BackendRuntime:
+    if not any(f(os.environ) for f in (from_openmpi, from_pmi, from_slurm)):
+        # no MPI launcher started this process: MPI would make a world of one (a
+        # singleton, which leaves Open MPI's shared-memory file behind), so a larger job
+        # is refused before MPI starts
+        check_launch_alone("mpi")
     be = MPIBackend(config)
     rank, size, local = be.identity()
     check_launch("mpi", rank, size)
