@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -9,6 +12,12 @@ for _k in [k for k in os.environ if k.startswith(("UNISON_", "HOROVOD_"))]:
 # spawned rank with UNISON_TRANSPORT=tcp (the suite must pass on shm and on tcp).
 if os.environ.get("UNISON_TEST_TRANSPORT"):
     os.environ["UNISON_TRANSPORT"] = os.environ["UNISON_TEST_TRANSPORT"]
+# OpenMPI's shared-memory backing files (/dev/shm/sm_segment.*) outlive the ranks of a job
+# that a test kills or aborts: the suite's own go to a directory removed when it ends.
+if "OMPI_MCA_btl_sm_backing_directory" not in os.environ:
+    _OMPI_DIR = tempfile.mkdtemp(prefix="unison-tests-ompi-")
+    os.environ["OMPI_MCA_btl_sm_backing_directory"] = _OMPI_DIR
+    atexit.register(shutil.rmtree, _OMPI_DIR, True)
 
 
 @pytest.fixture
