@@ -51,22 +51,20 @@ def _sig_matches(a: OpSig, b: OpSig) -> bool:
 #: what a socket reports once its peer closed or reset the connection (POLLRDHUP: the peer
 #: shut down its sending side, Linux only)
 _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+#: longest a rank waits for its reader thread to take an end of stream the kernel already
+#: holds (the reader takes it as soon as it runs: only a stalled thread takes this long)
+_VERDICT_S = 1.0
 
 
 def _hung_up(sock: socket.socket) -> bool:
-    """Whether ``sock``'s peer has closed or reset the connection with nothing left unread
-    (a peer that left in order wrote a goodbye before closing: while bytes are pending, it
-    may be that, and the reader will tell). Nothing is read."""
+    """Whether the kernel already knows that ``sock``'s peer closed or reset the
+    connection (bytes may still be unread before it). Nothing is read."""
     poller = select.poll()
     try:
         poller.register(sock, _HANGUP)
-        if not poller.poll(0):
-            return False
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except (BlockingIOError, ValueError):  # nothing to read yet; or closed under us
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # closed under us: the reader will say why
         return False
-    except OSError:  # reset by the peer
-        return True
 
 
 class _Conn:
@@ -82,6 +80,8 @@ class _Conn:
         self.reader: threading.Thread | None = None
         self.dead: str | None = None
         self.goodbye = False
+        #: set once ``dead`` is (the reader took the end of stream, or a send failed)
+        self.ended = threading.Event()
 
 
 class TcpTransport(MatchingTransport):
@@ -311,20 +311,20 @@ class TcpTransport(MatchingTransport):
 
         A peer that shuts down in order in the middle of an operation has mostly failed
         on a peer that was lost, and left: the lost peer is the one to name. Its end of
-        stream may already sit in the kernel while this rank's reader thread has not run
-        yet (a loaded host), so the connections not yet known closed are asked whether
-        their peer has hung up."""
+        stream may already sit in the kernel while this rank's reader thread has not taken
+        it yet (a loaded host): for a connection whose peer has hung up, the reader's
+        verdict (a goodbye before the end, or none) is awaited."""
         conn = self.conns.get(err.ranks[0]) if len(err.ranks) == 1 else None
         if conn is None or not conn.goodbye:
             return err
         for p in peers:
             other = self.conns.get(p)
-            if other is not None and other.dead is not None and not other.goodbye:
+            if other is None:
+                continue
+            if other.dead is None and _hung_up(other.sock):
+                other.ended.wait(_VERDICT_S)
+            if other.dead is not None and not other.goodbye:
                 return self._lost_error(other)
-        for p in peers:
-            other = self.conns.get(p)
-            if other is not None and other.dead is None and _hung_up(other.sock):
-                return self._lost_error(other, "closed")
         return err
 
     def _lost_error(self, conn: _Conn, detail: str | None = None) -> PeerLostError:
@@ -338,6 +338,7 @@ class TcpTransport(MatchingTransport):
         if conn.dead is not None:
             return
         conn.dead = reason
+        conn.ended.set()
         graceful = conn.goodbye or self._closing
         if not graceful:
             log.info("lost connection to rank %d (%s)", conn.peer, reason)
