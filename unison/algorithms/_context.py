@@ -213,8 +213,7 @@ class OpContext:
                 if self._aborted is not None:  # the root cause beats its consequences
                     raise self._aborted from None
                 if isinstance(exc, PeerLostError):  # a peer that left may have left for another
-                    me = self.ranks[self.rank]
-                    exc = self.router.explain(exc, [r for r in self.ranks if r != me])
+                    exc = self.router.explain(exc, self.ranks)
                 raise self.named(exc) from None
             if not done:
                 raise self._timeout_error(req)

@@ -80,8 +80,6 @@ class _Conn:
         self.reader: threading.Thread | None = None
         self.dead: str | None = None
         self.goodbye = False
-        #: set once ``dead`` is (the reader took the end of stream, or a send failed)
-        self.ended = threading.Event()
 
 
 class TcpTransport(MatchingTransport):
@@ -307,7 +305,7 @@ class TcpTransport(MatchingTransport):
 
     def explain(self, err: PeerLostError, peers: Sequence[int]) -> PeerLostError:
         """``err``, or when it says that a peer shut down in order, the loss of one of
-        ``peers`` that explains it.
+        ``peers`` that explains it (this rank may be among them: it has no connection).
 
         A peer that shuts down in order in the middle of an operation has mostly failed
         on a peer that was lost, and left: the lost peer is the one to name. Its end of
@@ -322,10 +320,17 @@ class TcpTransport(MatchingTransport):
             if other is None:
                 continue
             if other.dead is None and _hung_up(other.sock):
-                other.ended.wait(_VERDICT_S)
+                self._await_verdict(other)
             if other.dead is not None and not other.goodbye:
                 return self._lost_error(other)
         return err
+
+    @staticmethod
+    def _await_verdict(conn: _Conn) -> None:
+        """Wait (at most :data:`_VERDICT_S`) until ``conn``'s reader has taken its end of
+        stream: :meth:`_peer_lost` sets ``dead``, then notifies ``conn.cv``."""
+        with conn.cv:
+            conn.cv.wait_for(lambda: conn.dead is not None, _VERDICT_S)
 
     def _lost_error(self, conn: _Conn, detail: str | None = None) -> PeerLostError:
         if conn.goodbye:
@@ -338,7 +343,6 @@ class TcpTransport(MatchingTransport):
         if conn.dead is not None:
             return
         conn.dead = reason
-        conn.ended.set()
         graceful = conn.goodbye or self._closing
         if not graceful:
             log.info("lost connection to rank %d (%s)", conn.peer, reason)
