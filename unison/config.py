@@ -315,6 +315,15 @@ KNOBS: tuple[Knob, ...] = (
         "(HOROVOD_CYCLE_TIME)",
     ),
     Knob(
+        "UNISON_GRADIENT_OVERLAP",
+        "gradient_overlap",
+        "auto",
+        _choice("auto", "on", "off"),
+        "unison.torch DistributedOptimizer: reduce gradients while the backward pass runs "
+        "(on) or all at step() (off); auto: off where the parameters are on the CPU and "
+        "this host has no more cores than ranks",
+    ),
+    Knob(
         "UNISON_CACHE_CAPACITY",
         "cache_capacity",
         1024,
@@ -417,6 +426,7 @@ class Config:
     fusion_threshold: int = 128 << 20
     cycle_time: float = 0.0
     cache_capacity: int = 1024
+    gradient_overlap: str = "auto"
     timeline: str = ""
     timeline_mark_cycles: bool = False
     stall_check_disable: bool = False

@@ -4,7 +4,9 @@ state; Horovod's argument checks and warnings."""
 from __future__ import annotations
 
 import functools
+import time
 
+import numpy as np
 import pytest
 
 from ._util import hvd_spawn
@@ -64,17 +66,23 @@ def _train(passes: int, kw: dict) -> list:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize(
-    ("passes", "kw"),
+    ("passes", "kw", "overlap"),
     [
-        (1, {}),
-        (2, {}),
-        (1, {"compression": "fp16"}),
-        (1, {"groups": 2}),
-        (1, {"gradient_predivide_factor": 2.0}),
-        (1, {"op": "Sum"}),
+        (1, {}, "on"),
+        (1, {}, "off"),
+        (2, {}, "on"),
+        (2, {}, "off"),
+        (1, {"compression": "fp16"}, "on"),
+        (1, {"compression": "fp16"}, "off"),
+        (1, {"groups": 2}, "on"),
+        (1, {"gradient_predivide_factor": 2.0}, "on"),
+        (1, {"gradient_predivide_factor": 2.0}, "off"),
+        (1, {"op": "Sum"}, "off"),
     ],
 )
-def test_distributed_optimizer_matches_single_process(passes: int, kw: dict) -> None:  # type: ignore[type-arg]
+def test_distributed_optimizer_matches_single_process(passes: int, kw: dict, overlap: str) -> None:  # type: ignore[type-arg]
+    """``overlap``: gradients reduced in the hooks during the backward pass (on) or all
+    together at step() (off, the default where a rank has no core to spare)."""
     import torch
 
     import unison.torch as hvd
@@ -85,7 +93,7 @@ def test_distributed_optimizer_matches_single_process(passes: int, kw: dict) -> 
     sum_op = kw.get("op") == "Sum"
     if sum_op:
         kw["op"] = hvd.Sum
-    results = hvd_spawn(_train, 2, passes, kw)
+    results = hvd_spawn(_train, 2, passes, kw, env={"UNISON_GRADIENT_OVERLAP": overlap})
     for a, b in zip(results[0], results[1], strict=True):
         assert (a == b).all(), "ranks diverged"
     if sum_op:
@@ -145,8 +153,65 @@ def _checks() -> None:
     opt.synchronize()
 
 
-def test_argument_checks_and_warnings() -> None:
-    hvd_spawn(_checks, 2)
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_argument_checks_and_warnings(overlap: str) -> None:
+    hvd_spawn(_checks, 2, env={"UNISON_GRADIENT_OVERLAP": overlap})
+
+
+def _deferred(unused_on_rank1: bool) -> tuple[bool, bool]:
+    """Without overlap: after backward() every gradient is still this rank's own; after
+    synchronize() it is the average (rank 1 may leave the second layer unused: its
+    gradient counts as zeros, as with overlap)."""
+    import os
+
+    import torch
+
+    import unison.torch as hvd
+
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    # two dtypes: a group holds one, so the step reduces two groups
+    first, second = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2).double()
+    model = torch.nn.Sequential(first, torch.nn.Tanh(), second)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    x = torch.full((2, 4), float(r + 1))
+    hidden = torch.tanh(first(x))
+    out = hidden.sum(1) if unused_on_rank1 and r == 1 else second(hidden.double())
+    out.sum().backward()
+    local = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    time.sleep(0.2)  # with overlap, reductions would land meanwhile; here none started
+    still_local = all(
+        (g is None and p.grad is None) or (g is not None and torch.equal(p.grad, g))
+        for p, g in zip(model.parameters(), local, strict=True)
+    )
+    opt.synchronize()
+    params = list(model.parameters())
+    mine = [torch.zeros_like(p) if g is None else g for p, g in zip(params, local, strict=True)]
+    every = hvd.allgather_object([g.numpy() for g in mine])
+    averaged = all(
+        np.allclose(p.grad.numpy(), sum(e[i] for e in every) / n, rtol=1e-6, atol=1e-7)
+        for i, p in enumerate(model.parameters())
+    )
+    with opt.skip_synchronize():
+        opt.step()
+    cores = len(os.sched_getaffinity(0))
+    return still_local and averaged, hvd.local_size() >= cores
+
+
+@pytest.mark.parametrize("unused_on_rank1", [False, True])
+def test_without_overlap_gradients_are_reduced_at_step(unused_on_rank1: bool) -> None:
+    results = hvd_spawn(_deferred, 2, unused_on_rank1, env={"UNISON_GRADIENT_OVERLAP": "off"})
+    assert [ok for ok, _ in results] == [True, True]
+
+
+def test_overlap_auto_defers_where_a_rank_has_no_core_to_spare() -> None:
+    """auto: deferred exactly where this host has no more cores than ranks (CPU tensors)."""
+    results = hvd_spawn(_deferred, 2, False)
+    for ok, no_spare_core in results:
+        if no_spare_core:
+            assert ok
 
 
 OPTIMIZERS = [

@@ -34,6 +34,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "engine_has_core",
     "engine_of",
     "process_set_by_id",
     "global_process_set",
@@ -134,6 +135,13 @@ def settings() -> Settings:
 
 def _cores() -> int:
     return usable_cores()
+
+
+def engine_has_core() -> bool:
+    """Whether this rank's engine thread has a core beside the rank's computation: this
+    host has more cores than ranks (else the engine only takes turns with the
+    computation on its core)."""
+    return _un.local_size() < _cores()
 
 
 def _control_group(members: list[int]) -> _un.Group:

@@ -56,6 +56,7 @@ class Settings:
     stall_check_disable: bool
     stall_check_time: float
     stall_shutdown_time: float
+    gradient_overlap: str  # on, off, auto (unison.torch's DistributedOptimizer)
 
 
 def load_settings(cfg: Config | None = None, env: Mapping[str, str] | None = None) -> Settings:
@@ -73,4 +74,4 @@ def load_settings(cfg: Config | None = None, env: Mapping[str, str] | None = Non
     values["cycle_time"] = max(0.0, float(values["cycle_time"])) / 1000.0
     if values["stall_check_time"] <= 0:
         raise InvalidArgumentError("the stall check time must be > 0 seconds")
-    return Settings(timeout=cfg.timeout, **values)
+    return Settings(timeout=cfg.timeout, gradient_overlap=cfg.gradient_overlap, **values)

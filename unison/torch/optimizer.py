@@ -4,8 +4,17 @@ Each parameter's gradient is all-reduced in the background as soon as autograd
 has accumulated it (``register_post_accumulate_grad_hook``), so the reduction of
 late layers overlaps the backward pass of early ones; ``step()`` waits for the
 reductions, writes the averaged gradients back and calls the wrapped optimizer.
+
 The wrapper is a ``torch.optim.Optimizer`` (LR schedulers accept it) whose
 ``param_groups``, ``state`` and ``defaults`` are the wrapped optimizer's own.
+
+Overlap needs a core for the engine beside the backward pass. Where a rank has
+none (this host's ranks have a core each or less, and the parameters are on the
+CPU), a reduction started during the backward pass only takes turns with it on the
+one core, and the gradients trickle into several negotiation cycles and fused
+operations per step. There, by default (``UNISON_GRADIENT_OVERLAP=auto``), the hooks
+only note which gradients are final and ``step()`` (``synchronize()``) reduces all
+of them as one group: one cycle, one fused operation. The results are the same.
 """
 
 from __future__ import annotations
@@ -17,8 +26,9 @@ from typing import Any
 
 import torch
 
+from ..horovod.basics import engine_has_core
 from ..horovod.negotiation import HvdOp
-from .basics import ProcessSet, global_process_set
+from .basics import ProcessSet, global_process_set, settings
 from .collectives import sparse_allreduce_async
 from .compression import Compression, Compressor
 from .ops import Average, allreduce_async_, grouped_allreduce_async_, synchronize
@@ -60,6 +70,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._requires_update: set[Any] = set()
         self._local_vars: set[Any] = set()
         self.scale_local_gradients = True
+        #: reduce every gradient at synchronize() as one group instead of in the hooks
+        self._defer = self._groups is None and not _overlaps(self._all_params())
         if process_set.included():
             self._register_hooks()
         self.set_backward_passes_per_step(backward_passes_per_step)
@@ -197,7 +209,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hook(self, p: torch.Tensor) -> None:
         if p in self._local_vars:
             return
-        if p in self._handles and self._handles[p][0] is not None and self._delay[p] <= 0:
+        if (
+            p in self._handles
+            and self._delay[p] <= 0
+            and (self._handles[p][0] is not None or self._defer)
+        ):
             raise AssertionError(
                 "gradients were computed more than backward_passes_per_step times before "
                 "step(); increase backward_passes_per_step to accumulate gradients locally"
@@ -205,7 +221,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._delay[p] -= 1
         handle: Any = None
         ctx: Any = None
-        if self._delay[p] == 0:
+        if self._delay[p] == 0 and not self._defer:
             if self._groups is None:
                 handle, ctx = self._reduce(p)
             else:
@@ -249,7 +265,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return h, (compressed, ctx)
 
     def _reduce_group(self, gi: int) -> None:
-        params = self._groups[gi]  # type: ignore[index]
+        self._reduce_together(self._groups[gi])  # type: ignore[index]
+
+    def _reduce_together(self, params: list[Any]) -> None:
+        """All-reduce the gradients of ``params`` as one group (one fused operation)."""
         grads, ctxs = [], []
         for p in params:
             if p.grad is None:
@@ -281,6 +300,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in self._local_vars:
                 if p.grad is not None:
                     p.grad.div_(n)
+        if self._defer:
+            self._reduce_deferred()
         done: set[Any] = set()
         for key in self._handles:
             done.update(key if isinstance(key, tuple) else (key,))
@@ -315,6 +336,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay[key] = self.backward_passes_per_step
         self._handles.clear()
         self._synchronized = True
+
+    def _reduce_deferred(self) -> None:
+        """Without overlap: every gradient not yet submitted, in the optimizer's parameter
+        order (the same groups on every rank, whichever hooks ran), one group per dtype;
+        a sparse gradient goes alone (reduced sparsely, or densely and handed back
+        sparse)."""
+        by_dtype: dict[torch.dtype, list[Any]] = {}  # a group has one dtype
+        for p in self._all_params():
+            if p not in self._requires_update or self._handles.get(p, (None,))[0] is not None:
+                continue
+            self._handles.pop(p, None)
+            if p.grad is not None and p.grad.is_sparse:  # its own path, as with overlap
+                self._handles[p] = self._reduce(p)
+            else:
+                by_dtype.setdefault(p.dtype, []).append(p)
+        for together in by_dtype.values():
+            self._reduce_together(together)
 
     def _write(self, p: Any, out: torch.Tensor, ctx: Any) -> None:
         value = self._compression.decompress(out, ctx)
@@ -354,6 +392,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "This is prohibited as it can cause a race condition."
             )
         self._unison_inner.zero_grad(set_to_none=set_to_none)
+
+
+def _overlaps(params: list[Any]) -> bool:
+    """Whether the hooks reduce gradients while the backward pass runs
+    (``UNISON_GRADIENT_OVERLAP``: on, off, or auto: unless the parameters are on the CPU
+    and the engine has no core of its own beside the computation)."""
+    mode = settings().gradient_overlap
+    if mode != "auto":
+        return mode == "on"
+    return engine_has_core() or any(p.device.type != "cpu" for p in params)
 
 
 def DistributedOptimizer(
