@@ -291,6 +291,26 @@ def check_queries_and_elastic(hvd: Any) -> None:
     assert train(state) == 1.0 and attempts == [0.0, 0.0], attempts
 
 
+def check_results_are_kept(hvd: Any) -> None:
+    """Results share memory with the engine's result pool (no copy into TensorFlow): a
+    result still held keeps its values while later all-reduces of the same shape run,
+    eagerly and in tf.function, and the input is never written."""
+    import tensorflow as tf
+
+    r, n = hvd.rank(), hvd.size()
+    total = sum(range(1, n + 1))
+    x = tf.fill([3, 1000], float(r + 1))
+    graph = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum, name="kept"))
+    held = []
+    for k in range(1, 5):
+        held.append(hvd.allreduce(x * k, op=hvd.Sum, name=f"kept.{k}"))
+        held.append(graph(x * k))
+        held.append(hvd.grouped_allreduce([x * k, x[:1] * k], op=hvd.Sum)[0])
+    for i, t in enumerate(held):
+        _eq(t, np.full((3, 1000), total * (i // 3 + 1)), f"result {i} kept")
+    _eq(x, np.full((3, 1000), r + 1), "input untouched")
+
+
 def tf_job() -> dict[str, Any]:
     import tensorflow as tf
 
@@ -306,6 +326,7 @@ def tf_job() -> dict[str, Any]:
         check_sparse_tape_and_helpers(hvd)
         check_process_sets(hvd)
         check_queries_and_elastic(hvd)
+        check_results_are_kept(hvd)
         from tests.keras._checks import keras_checks
 
         done["keras"] = keras_checks()

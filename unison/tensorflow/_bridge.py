@@ -2,8 +2,8 @@
 
 The engine negotiates, fuses, caches and times operations on flat buffers. This
 adapter views an eager ``tf.Tensor``'s values as such a buffer (:func:`to_buffer`:
-``Tensor.numpy()``, no further copy) and makes the engine's result buffer a
-``tf.Tensor`` again (:func:`from_buffer`: one copy into TensorFlow). Eagerly it
+through DLPack, no copy; ``Tensor.numpy()`` copies) and makes the engine's result
+buffer a ``tf.Tensor`` again (:func:`from_buffer`: one copy into TensorFlow). Eagerly it
 runs at once, inside ``tf.function`` it runs through ``tf.py_function`` (the
 engine's mismatch errors surface as TensorFlow's ``FailedPreconditionError`` there as
 in Horovod). No torch anywhere.
@@ -31,6 +31,7 @@ __all__ = [
     "run",
     "to_buffer",
     "to_torch",
+    "values_of",
     "wait",
 ]
 
@@ -61,13 +62,40 @@ _DTYPES = {
 }
 
 
+class _DLPackOf:
+    """An eager tensor as numpy's :func:`numpy.from_dlpack` takes it (TensorFlow hands
+    out a bare DLPack capsule; numpy asks an object for one)."""
+
+    def __init__(self, t: Any) -> None:
+        self.t = t
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return tf.experimental.dlpack.to_dlpack(self.t)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # DLPack's CPU device
+
+
+def values_of(t: Any) -> np.ndarray:
+    """Eager tensor ``t``'s values as a read-only numpy array sharing its memory where
+    DLPack carries the dtype (``Tensor.numpy()`` copies, tens of milliseconds for a
+    large gradient, into freshly faulted pages); else that copy."""
+    if t.dtype != tf.bfloat16:  # numpy has no bfloat16 to receive
+        try:
+            return np.from_dlpack(_DLPackOf(t))
+        except (BufferError, RuntimeError, TypeError, ValueError):
+            pass  # a tensor DLPack cannot export: copy it
+    copied: np.ndarray = t.numpy()
+    return copied
+
+
 def to_buffer(t: Any) -> Buffer:
-    """Eager tensor ``t``'s values as an engine buffer (no copy beyond ``numpy()``; the
-    engine only reads it)."""
+    """Eager tensor ``t``'s values as an engine buffer (no copy where DLPack carries its
+    dtype: the engine only reads it)."""
     dt = _DTYPES.get(t.dtype)
     if dt is None:
         raise ValueError(f"Tensor type {t.dtype.name} is not supported.")
-    a = np.require(t.numpy(), requirements="C")  # keeps 0-d arrays 0-d
+    a = np.require(values_of(t), requirements="C")  # keeps 0-d arrays 0-d
     flat = a.reshape(-1)
     if dt is DType.BFLOAT16:
         flat = flat.view(np.int16)

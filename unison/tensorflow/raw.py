@@ -14,7 +14,8 @@ from ..buffers import Buffer, DType
 from ..horovod import ops as _ops
 from ..horovod.basics import ProcessSet
 from ..horovod.negotiation import HvdOp
-from ._bridge import from_buffer, graph_name, to_buffer, wait
+from ._bridge import from_buffer, graph_name, to_buffer, values_of, wait
+from .results import results
 from .runner import Finish, run
 from .size_ops import registered
 
@@ -43,7 +44,7 @@ def _moved_in(x: tf.Tensor) -> Buffer:
     alias = _MOVED_AS.get(x.dtype)
     if alias is None:
         return to_buffer(x)
-    a = np.require(x.numpy(), requirements="C").view(alias[0])
+    a = np.require(values_of(x), requirements="C").view(alias[0])
     return Buffer(a.reshape(-1), alias[1], a)
 
 
@@ -69,17 +70,11 @@ def allreduce(
 
     def submit(xs: list[tf.Tensor]) -> Finish:
         ins = [to_buffer(x) for x in xs]
+        outs = [results.take(b.dtype, b.shape) for b in ins]  # TensorFlow takes them as they are
+        h = _ops.submit_allreduce(ins, outs, nm, op, prescale, postscale, ps, grouped)
         if grouped:
-            h = _ops.grouped_allreduce_async(
-                ins, name=nm, op=op, prescale_factor=prescale, postscale_factor=postscale,
-                process_set=ps,
-            )  # fmt: skip
-            return lambda: [from_buffer(o, x.dtype) for o, x in zip(wait(h), xs, strict=True)]
-        h1 = _ops.allreduce_async(
-            ins[0], name=nm, op=op, prescale_factor=prescale, postscale_factor=postscale,
-            process_set=ps,
-        )  # fmt: skip
-        return lambda: [from_buffer(wait(h1), xs[0].dtype)]
+            return lambda: [results.tensor(o, x.dtype) for o, x in zip(wait(h), xs, strict=True)]
+        return lambda: [results.tensor(wait(h), xs[0].dtype)]
 
     return run(submit, ts, [t.dtype for t in ts], [t.shape for t in ts])
 
