@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from ..buffers import Buffer, DType
+from ..horovod.arrays import numel
+from ._bridge import from_buffer
 
 __all__ = ["ALIGN", "ResultPool", "results"]
 
@@ -37,28 +38,23 @@ class ResultPool:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._blocks: dict[int, list[np.ndarray]] = {}  # bytes -> owning uint8 arrays
-        self._owners: set[int] = set()  # ids of those arrays
+        #: result bytes -> the uint8 arrays owning blocks of that size (ALIGN bytes more)
+        self._blocks: dict[int, list[np.ndarray]] = {}
 
     def take(self, dtype: DType, shape: tuple[int, ...]) -> Buffer:
         """A buffer of ``shape`` for the engine to write a result into; its memory is
         this pool's until nothing refers to it."""
-        n = 1
-        for d in shape:
-            n *= int(d)
-        nbytes = n * dtype.storage.itemsize
+        nbytes = numel(shape) * dtype.storage.itemsize
         with self._lock:
             blocks = self._blocks.setdefault(nbytes, [])
             free = [i for i in range(len(blocks)) if sys.getrefcount(blocks[i]) == 2]
             for i in reversed(free[_SPARE:]):  # more spare blocks than a loop needs
-                self._owners.discard(id(blocks[i]))
                 del blocks[i]
             if free:
                 raw = blocks[free[0]]
             else:
                 raw = np.empty(nbytes + ALIGN, np.uint8)
                 blocks.append(raw)
-                self._owners.add(id(raw))
         off = (-raw.ctypes.data) % ALIGN
         arr = raw[off : off + nbytes].view(dtype.storage).reshape(shape)
         return Buffer(arr.reshape(-1), dtype, arr)
@@ -67,13 +63,18 @@ class ResultPool:
         """The result ``b`` as a ``tf.Tensor`` of ``dtype``: this pool's memory itself
         where DLPack carries the dtype, else a copy."""
         a = b.array.reshape(b.shape)
-        base: Any = a.base
-        ours = base is not None and id(base) in self._owners
-        if ours and a.size and dtype != tf.bfloat16 and a.ctypes.data % ALIGN == 0:
+        if a.size and dtype != tf.bfloat16 and self._owns(a):
             return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
-        if b.dtype is DType.BFLOAT16:
-            a = a.view(tf.bfloat16.as_numpy_dtype)
-        return tf.convert_to_tensor(a, dtype=dtype)
+        return from_buffer(b, dtype)
+
+    def _owns(self, a: np.ndarray) -> bool:
+        """Whether ``a`` views one of this pool's blocks (the very array, not an id that
+        a freed block's successor may reuse), at an aligned start."""
+        base = a.base
+        if not isinstance(base, np.ndarray) or a.ctypes.data % ALIGN:
+            return False
+        with self._lock:
+            return any(base is blk for blk in self._blocks.get(base.nbytes - ALIGN, ()))
 
 
 #: the process's pool (results of the TensorFlow front's all-reduces)
