@@ -19,6 +19,12 @@ Three layers, cheapest first:
    it: so they arrive unasked, and layer 2 compares them at once. Ranks that each
    believe they are the root of a gather or reduce (all waiting to receive) learn it
    from the first such message, instead of waiting out the deadline.
+
+   A rank whose part of the exchange only receives once its first message is sent
+   (:func:`receives_only`: a folded rank, or either of two ranks) can finish it later:
+   the executor lets a broadcast's root do so (:meth:`Executor._settle_unconfirmed`),
+   so it learns of a disagreement at its next call on the group instead of waiting a
+   message latency in every broadcast.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ __all__ = [
     "Confirmation",
     "check_sig",
     "foreign_frame_error",
+    "receives_only",
     "sig_hash",
 ]
 
@@ -67,6 +74,15 @@ def check_sig(data: OpSig) -> OpSig:
     return OpSig(int(OpCode.CHECK), data.dtype, data.redop, data.root, data.count)
 
 
+def receives_only(rank: int, size: int) -> bool:
+    """Whether group rank ``rank``'s part of a confirmation among ``size`` ranks only
+    receives once :meth:`Confirmation.start` has sent its first message: a folded rank
+    waits for its result; a rank with one exchange and no folded partner (two ranks)
+    sent it. Such a part can be finished later without anyone waiting for it."""
+    role, partner, peers = recursive_doubling_plan(rank, size)
+    return role == "fold" or (partner < 0 and len(peers) == 1)
+
+
 def _sig_of(row: np.ndarray) -> OpSig:
     return OpSig(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
 
@@ -83,7 +99,7 @@ class Confirmation:
         self.tmp = np.empty(2, np.int64)
         self.role, self.partner, self.peers = recursive_doubling_plan(check.rank, check.size)
         self.early: list[Request] = []
-        self.first_done = self.started = False
+        self.first_done = self.started = self.posted = False
 
     def start(self) -> None:
         """Send this rank's first message (before the data moves, for gather and reduce);
@@ -96,15 +112,12 @@ class Confirmation:
             self.early = [check.isend(self.peers[0], 1, self.vals.copy())]
             self.first_done = True
 
-    def drain(self) -> None:
-        """After a started confirmation turned out unneeded (every pair of ranks compared
-        signatures in the data exchange): take the peers' first messages, no more."""
-        if self.role != "fold" and (self.partner >= 0 or self.first_done):
-            src, tag = (self.partner, 0) if self.partner >= 0 else (self.peers[0], 1)
-            self.early.append(self.check.irecv(src, tag, self.tmp))
-        self.check.wait(*self.early)
-
-    def _post_receives(self) -> None:
+    def post_receives(self) -> None:
+        """Post this rank's receives of the exchange's first step (once): a part that
+        :func:`receives_only` can then tell, without waiting, whether they arrived."""
+        if self.posted:
+            return
+        self.posted = True
         check = self.check
         if self.role == "fold":
             self.early.append(check.irecv(self.partner, rd.RETURN_TAG, self.vals))
@@ -113,12 +126,28 @@ class Confirmation:
         elif self.first_done:
             self.early.append(check.irecv(self.peers[0], 1, self.tmp))
 
+    def arrived(self) -> bool:
+        """Whether everything posted so far has completed (finish() would not wait)."""
+        return all(r.done() for r in self.early)
+
+    def rearm(self, deadline: float) -> None:
+        """Give a finish that was put off a deadline of its own (the operation's has run)."""
+        self.check.deadline = deadline
+
+    def drain(self) -> None:
+        """After a started confirmation turned out unneeded (every pair of ranks compared
+        signatures in the data exchange): take the peers' first messages, no more."""
+        if self.role != "fold" and (self.partner >= 0 or self.first_done):
+            src, tag = (self.partner, 0) if self.partner >= 0 else (self.peers[0], 1)
+            self.early.append(self.check.irecv(src, tag, self.tmp))
+        self.check.wait(*self.early)
+
     def finish(self) -> None:
         """Complete the exchange; raise MismatchError on every rank if ranks disagree."""
         if not self.started:
             self.start()
         check, vals, tmp = self.check, self.vals, self.tmp
-        self._post_receives()
+        self.post_receives()
         try:
             check.wait(*self.early)
         except MismatchError as exc:  # a confirmation frame came in for a posted receive

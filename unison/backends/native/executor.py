@@ -40,6 +40,7 @@ from ...buffers import DType
 from ...comm.group import Group
 from ...comm.work import Work
 from ...errors import AbortedError, CommunicationError, MismatchError
+from ...log import get_logger
 from ...transport.framing import Control
 from .desync import (
     CONFIRM_EARLY_BY_MESSAGE,
@@ -48,6 +49,7 @@ from .desync import (
     Confirmation,
     check_sig,
     foreign_frame_error,
+    receives_only,
 )
 from .slot_collectives import ContextWatch, SlotCall, prepare_call
 
@@ -56,6 +58,15 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 __all__ = ["Executor"]
+
+log = get_logger("executor")
+
+#: how many broadcasts a root may return from before the receivers' confirmations of
+#: the oldest arrive: the calls by which a disagreement can reach the root late
+AHEAD_CALLS = 16
+#: and how many bytes of those broadcasts' data: what a receiver that is behind may
+#: have to hold unasked meanwhile
+AHEAD_BYTES = 4 << 20
 
 
 class Executor:
@@ -97,6 +108,14 @@ class Executor:
         self._foreign: list[tuple[int, OpSig]] = []
         self._scanned = False
         self._watch = ContextWatch(rt, self._caller_context, self._check_caller_call)
+        #: broadcasts this rank was the root of whose signature confirmations are still to
+        #: be received, oldest first, with their sizes (:meth:`_settle_unconfirmed`)
+        self._unconfirmed: deque[tuple[OpContext, Confirmation, int]] = deque()
+        self._unconfirmed_bytes = 0
+        #: whether this rank's part of a confirmation only receives once started
+        self._confirm_receives_only = group.rank is not None and receives_only(
+            group.rank, group.size
+        )
 
     def sig(
         self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
@@ -158,6 +177,21 @@ class Executor:
         ``confirm_first``: a rooted collective's signature confirmation starts before
         the data moves."""
         cfg = self.group.config
+        checked = op in ROOTED and cfg.check_mismatch and self.size > 1
+        # a root's broadcast by message may leave its confirmation to be received later
+        defer = (
+            checked
+            and confirm_first
+            and op in CONFIRM_EARLY_BY_MESSAGE
+            and sig.root == self.rt.rank  # the signature names the global root
+            and self._confirm_receives_only
+        )
+        nbytes = sig.count * DType(sig.dtype).itemsize if defer else -1
+        settled = self._settle_unconfirmed(room=nbytes)
+        if settled is not None:  # the previous broadcast failed: this call does not start
+            with self._lock:
+                self._done = max(self._done, seq)
+            return partial(work.finish, error=settled)
         ctx = self.context(seq, me, op, sig, time.monotonic() + cfg.timeout)
         with self._lock:
             early = self._broken_error(ctx) or self._early_aborts.pop(seq, None)
@@ -167,15 +201,24 @@ class Executor:
                 self._done = max(self._done, seq)
         if early is not None:
             return partial(work.finish, error=early)
+        deferred = False
         try:
             self._scan_buffered(ctx)
             confirm = None
-            checked = op in ROOTED and cfg.check_mismatch and self.size > 1
             if checked and confirm_first:
                 confirm = Confirmation(ctx, self._check_context(ctx))
                 confirm.start()  # before the data moves (see desync)
             result = body(ctx)
-            if checked and not ctx.all_pairs_checked:
+            if defer and confirm is not None:
+                # the root only sent: what is left of the confirmation is receiving its
+                # peers' first messages, sent before they took the data. The root goes
+                # on and receives them later (see _settle_unconfirmed), as a broadcast's
+                # root that only sends does in MPI and Gloo
+                confirm.post_receives()
+                self._unconfirmed.append((ctx, confirm, nbytes))
+                self._unconfirmed_bytes += nbytes
+                deferred = True
+            elif checked and not ctx.all_pairs_checked:
                 # made only when needed: the shared-memory rounds of a broadcast
                 # compare every pair's signature already (most large broadcasts)
                 if confirm is None:
@@ -194,9 +237,66 @@ class Executor:
             return partial(work.finish, result)
         finally:
             with self._lock:
-                self._inflight.pop(seq, None)
-                self._notices.pop(seq, None)
+                if not deferred:  # a put-off confirmation still hears aborts for its call
+                    self._inflight.pop(seq, None)
+                    self._notices.pop(seq, None)
                 self._done = max(self._done, seq)
+
+    def _settle_unconfirmed(self, room: int) -> BaseException | None:
+        """Finish, oldest first, the confirmations broadcasts' root put off (in the
+        group's turn): those already received, and then as many as it takes to make
+        room for the call starting now, if it is such a broadcast of ``room`` bytes
+        (at most :data:`AHEAD_CALLS` calls and :data:`AHEAD_BYTES` bytes left
+        unconfirmed with it), else (``room`` < 0) every one. Returns the
+        failure one finds, with the group failed as that broadcast would have failed it
+        (the later ones are abandoned), or None. The peers sent what is received here
+        before they took the broadcast's data, so this waits only for peers still short
+        of that broadcast, within a deadline of its own."""
+        pending = self._unconfirmed
+        while pending:
+            ctx, confirm, nbytes = pending[0]
+            behind = (
+                room < 0
+                or len(pending) >= AHEAD_CALLS
+                or self._unconfirmed_bytes + room > AHEAD_BYTES
+            )
+            if not behind and not confirm.arrived():
+                return None
+            pending.popleft()
+            self._unconfirmed_bytes -= nbytes
+            err = self._finish_confirmation(ctx, confirm)
+            if err is not None:
+                self._abandon_unconfirmed()
+                return err
+        return None
+
+    def _abandon_unconfirmed(self) -> None:
+        """Withdraw the confirmations still put off (after one of them failed)."""
+        for ctx, _, _ in self._unconfirmed:
+            self._forget_context(ctx)
+            ctx.finish()
+        self._unconfirmed.clear()
+        self._unconfirmed_bytes = 0
+
+    def _finish_confirmation(self, ctx: OpContext, confirm: Confirmation) -> BaseException | None:
+        confirm.rearm(time.monotonic() + ctx.timeout)
+        try:
+            confirm.finish()
+        except CommunicationError as exc:
+            err = ctx.named(exc)
+            self.fail(ctx, err)
+            return err
+        except BaseException as exc:
+            self.fail(ctx, ctx.local_failure(exc))
+            return exc
+        finally:
+            self._forget_context(ctx)
+        return None
+
+    def _forget_context(self, ctx: OpContext) -> None:
+        with self._lock:
+            self._inflight.pop(ctx.seq, None)
+            self._notices.pop(ctx.seq, None)
 
     def context(self, seq: int, me: int, op: OpCode, sig: OpSig, deadline: float) -> OpContext:
         """Operation ``seq``'s context (a caller-thread call builds one only for an error)."""
@@ -291,6 +391,7 @@ class Executor:
                 or self._busy
                 or self._queue
                 or self._closed
+                or self._unconfirmed
                 or self.group.broken is not None
                 or self._early_aborts  # a peer already failed a call: _execute says so
                 or self.rt.op_hook is not None
@@ -517,8 +618,25 @@ class Executor:
         self.name = f"group {self.id} ({why})"
 
     def close(self, timeout: float = 5.0) -> None:
+        """Refuse further operations, let the worker finish what is queued, and finish
+        the confirmations a broadcast's root put off, as that broadcast would have
+        before returning: its receivers send to the root, which must not leave before
+        them (a failure is logged: no call is left to raise it in)."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        with self._lock:
+            idle = not self._busy and not self._queue
+            if idle:
+                self._busy = True
+        if not idle:
+            return
+        try:
+            err = self._settle_unconfirmed(room=-1)
+        finally:
+            with self._lock:
+                self._busy = False
+        if err is not None:
+            log.error("at shutdown: %s", err)
