@@ -19,6 +19,7 @@ The set-up, over the already authenticated TCP connections:
 
 from __future__ import annotations
 
+import _thread
 import os
 import secrets
 import threading
@@ -108,16 +109,17 @@ class PartAllocation:
     never waits for this rank to reach one. Nothing of the arena is touched before
     :meth:`result` returned and every member said yes."""
 
-    def __init__(
-        self, name: str, allocate: Callable[[], str], tell: Callable[[bool], Posted]
-    ) -> None:
+    def __init__(self, allocate: Callable[[], str], tell: Callable[[bool], Posted]) -> None:
         self.ok = False
         self.why = ""  # why this rank's part could not be allocated
         self._allocate, self._tell = allocate, tell
         self._posted: Posted | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._done = threading.Event()
+        # started without threading.Thread.start(), which waits until the new thread
+        # runs: on a host whose cores are all busy that wait is a scheduling round trip
+        # (milliseconds) in init or new_group, for a thread nothing waits for there
+        _thread.start_new_thread(self._run, ())
 
     def _run(self) -> None:
         try:
@@ -126,12 +128,13 @@ class PartAllocation:
             self._posted = self._tell(self.ok)
         except BaseException as exc:  # the transport closed under it: result() says so
             self._error = exc
+        finally:
+            self._done.set()
 
     def result(self, deadline: float, op: str) -> Posted:
         """The exchange with the peers, once this rank's part is allocated (or not) and
         its answer sent; raises what the thread met, or a timeout at ``deadline``."""
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
+        if not self._done.wait(max(0.0, deadline - time.monotonic())):
             raise CollectiveTimeoutError(
                 f"{op}: this rank's part of the group's shared arena was not allocated in time",
                 op=op,
@@ -143,7 +146,7 @@ class PartAllocation:
 
     def join(self) -> None:
         """Wait for the thread (it runs for milliseconds)."""
-        self._thread.join()
+        self._done.wait()
 
 
 class ShmSetup:
@@ -396,11 +399,13 @@ class ShmSetup:
         what = "world's arena" if gid == 0 else f"arena of group {gid}"
         post_by = time.monotonic() + self.config.timeout
 
+        reserve_part = self._allocate  # the allocator of when the group is made
+
         def allocate() -> str:
             if own is None:
                 return "no segment of its own"
             try:
-                self._allocate(own, own_at, nb, what)
+                reserve_part(own, own_at, nb, what)
             except OSError as exc:
                 return str(exc)
             return ""
@@ -410,7 +415,7 @@ class ShmSetup:
                 peers, GROUP_ARENA + gid, {p: {"ok": ok} for p in peers}, post_by
             )
 
-        part = PartAllocation(f"unison-arena-{gid}", allocate, tell)
+        part = PartAllocation(allocate, tell)
         self._allocations.append(part)
 
         def resolve(deadline: float, op: str) -> Arena | None:
