@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import unison as un
-from unison.backends.native.executor import AHEAD_BYTES, AHEAD_CALLS
+from unison.backends.native.receipts import AHEAD_BYTES, AHEAD_CALLS
 from unison.testing import run_ranks, spawn
 
 pytestmark = pytest.mark.timeout(90)
@@ -114,3 +114,80 @@ def test_a_receiver_lost_behind_the_root_is_named_at_the_roots_next_call(tmp_pat
     outs = run_ranks(_receiver_dies_behind_the_root, 2, args=(str(tmp_path),), env=TCP, timeout=60)
     assert outs[0].ok, outs[0]
     assert "rank 1" in outs[0].value and "broadcast #1" in outs[0].value, outs[0].value
+
+
+def _each_its_own_root() -> str:
+    """Two ranks each broadcast as the root: each sends, neither receives."""
+    r = un.rank()
+    with pytest.raises(un.MismatchError) as info:
+        un.broadcast(np.full(4, r, np.float32), src=r)
+        un.all_reduce(np.ones(1, np.float32))
+    return str(info.value)
+
+
+def test_two_ranks_that_each_believe_they_are_the_root_both_raise() -> None:
+    start = time.monotonic()
+    msgs = spawn(_each_its_own_root, 2, env=TCP, timeout=60)
+    assert time.monotonic() - start < 20, "found only by the deadline"
+    for m in msgs:
+        assert "broadcast #1" in m and "root=0" in m and "root=1" in m, m
+
+
+def _mixed(n: int) -> list[float]:
+    """Batches from either root, broken by other calls and the group's end, async too."""
+    r = un.rank()
+    x = np.empty(n, np.float32)
+    sums = []
+    for i in range(40):
+        root = (i // 7) % 2  # runs of seven calls from one root, then the other
+        x[:] = i * 10 + root if r == root else -1
+        if i % 11 == 5:
+            w = un.broadcast(x, src=root, async_op=True)
+            assert w is not None
+            w.wait()
+        else:
+            un.broadcast(x, src=root)
+        assert (x == i * 10 + root).all(), (i, x[:2])
+        if i % 9 == 8:
+            y = np.full(3, r + 1.0, np.float32)
+            un.all_reduce(y)
+            sums.append(float(y[0]))
+    return sums
+
+
+@pytest.mark.parametrize("n", [1, 300_000])
+def test_batches_of_either_root_between_other_calls_give_the_roots_data(n: int) -> None:
+    for sums in spawn(_mixed, 2, args=(n,), env=TCP, timeout=60):
+        assert sums == [3.0] * 4, sums
+
+
+class _Call:
+    def __init__(self, seq: int, count: int, root: int = 0) -> None:
+        from unison._types import OpCode, OpSig
+
+        self.seq = seq
+        self.sig = OpSig(int(OpCode.BROADCAST), 9, 0, root, count)
+
+
+def test_a_batch_receipt_names_its_calls_and_tells_them_apart() -> None:
+    """Same calls, same receipt; any other count, sequence or root, another."""
+    from unison.backends.native.receipts import Batch
+
+    def receipt(calls: list[_Call]) -> list[int]:
+        b = Batch()
+        for c in calls:
+            assert b.continued_by(c.sig)
+            b.add(c, 4 * c.sig.count)  # type: ignore[arg-type]
+        return [int(v) for v in b.receipt()]
+
+    base = receipt([_Call(3, 10), _Call(4, 10)])
+    assert base[:2] == [3, 2]
+    assert receipt([_Call(3, 10), _Call(4, 10)]) == base
+    assert receipt([_Call(3, 10), _Call(4, 11)]) != base
+    assert receipt([_Call(3, 10), _Call(5, 10)]) != base
+    b = Batch()
+    b.add(_Call(1, 10), 40)  # type: ignore[arg-type]
+    assert not b.continued_by(_Call(2, 10, root=1).sig)  # another root: a new batch
+    for seq in range(2, AHEAD_CALLS + 1):
+        b.add(_Call(seq, 10), 40)  # type: ignore[arg-type]
+    assert b.full and not b.continued_by(_Call(99, 10).sig)

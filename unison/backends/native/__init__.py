@@ -3,8 +3,9 @@
 :class:`Runtime` (``runtime.py``) joins the job: store, mesh, fabric, groups.
 :class:`NativeBackend` (``backend.py``) picks each call's algorithm by cost and
 submits it to the group's :class:`Executor` (``executor.py``), the one owner of the
-group's run state, which runs it in issue order, checks signatures (``desync.py``)
-and spreads failures. Small collectives of a one-host job go over the shared slots
+group's run state, which runs it in issue order, checks signatures (``desync.py``;
+a two-rank group's broadcasts by message in batches, ``receipts.py``) and spreads
+failures. Small collectives of a one-host job go over the shared slots
 (``slot_collectives.py``), blocking ones in the caller's thread through the
 executor's caller-thread entry. ``p2p.py`` posts sends and receives and
 ``fabric.py`` routes every peer to shared memory or TCP; ``shm_setup.py`` sets up

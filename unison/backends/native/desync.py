@@ -20,10 +20,8 @@ Three layers, cheapest first:
    believe they are the root of a gather or reduce (all waiting to receive) learn it
    from the first such message, instead of waiting out the deadline.
 
-   A rank whose part of the exchange only receives once its first message is sent
-   (:func:`receives_only`: a folded rank, or either of two ranks) can finish it later:
-   the executor lets a broadcast's root do so (:meth:`Executor._settle_unconfirmed`),
-   so it learns of a disagreement at its next call on the group instead of waiting a
+   A two-rank group's broadcasts by message are confirmed otherwise: one way, from
+   receiver to root, in batches (:mod:`.receipts`), so that the root does not wait a
    message latency in every broadcast.
 """
 
@@ -49,7 +47,6 @@ __all__ = [
     "Confirmation",
     "check_sig",
     "foreign_frame_error",
-    "receives_only",
     "sig_hash",
 ]
 
@@ -74,15 +71,6 @@ def check_sig(data: OpSig) -> OpSig:
     return OpSig(int(OpCode.CHECK), data.dtype, data.redop, data.root, data.count)
 
 
-def receives_only(rank: int, size: int) -> bool:
-    """Whether group rank ``rank``'s part of a confirmation among ``size`` ranks only
-    receives once :meth:`Confirmation.start` has sent its first message: a folded rank
-    waits for its result; a rank with one exchange and no folded partner (two ranks)
-    sent it. Such a part can be finished later without anyone waiting for it."""
-    role, partner, peers = recursive_doubling_plan(rank, size)
-    return role == "fold" or (partner < 0 and len(peers) == 1)
-
-
 def _sig_of(row: np.ndarray) -> OpSig:
     return OpSig(int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
 
@@ -99,7 +87,7 @@ class Confirmation:
         self.tmp = np.empty(2, np.int64)
         self.role, self.partner, self.peers = recursive_doubling_plan(check.rank, check.size)
         self.early: list[Request] = []
-        self.first_done = self.started = self.posted = False
+        self.first_done = self.started = False
 
     def start(self) -> None:
         """Send this rank's first message (before the data moves, for gather and reduce);
@@ -112,28 +100,6 @@ class Confirmation:
             self.early = [check.isend(self.peers[0], 1, self.vals.copy())]
             self.first_done = True
 
-    def post_receives(self) -> None:
-        """Post this rank's receives of the exchange's first step (once): a part that
-        :func:`receives_only` can then tell, without waiting, whether they arrived."""
-        if self.posted:
-            return
-        self.posted = True
-        check = self.check
-        if self.role == "fold":
-            self.early.append(check.irecv(self.partner, rd.RETURN_TAG, self.vals))
-        elif self.partner >= 0:
-            self.early.append(check.irecv(self.partner, 0, self.tmp))
-        elif self.first_done:
-            self.early.append(check.irecv(self.peers[0], 1, self.tmp))
-
-    def arrived(self) -> bool:
-        """Whether everything posted so far has completed (finish() would not wait)."""
-        return all(r.done() for r in self.early)
-
-    def rearm(self, deadline: float) -> None:
-        """Give a finish that was put off a deadline of its own (the operation's has run)."""
-        self.check.deadline = deadline
-
     def drain(self) -> None:
         """After a started confirmation turned out unneeded (every pair of ranks compared
         signatures in the data exchange): take the peers' first messages, no more."""
@@ -142,12 +108,21 @@ class Confirmation:
             self.early.append(self.check.irecv(src, tag, self.tmp))
         self.check.wait(*self.early)
 
+    def _post_receives(self) -> None:
+        check = self.check
+        if self.role == "fold":
+            self.early.append(check.irecv(self.partner, rd.RETURN_TAG, self.vals))
+        elif self.partner >= 0:
+            self.early.append(check.irecv(self.partner, 0, self.tmp))
+        elif self.first_done:
+            self.early.append(check.irecv(self.peers[0], 1, self.tmp))
+
     def finish(self) -> None:
         """Complete the exchange; raise MismatchError on every rank if ranks disagree."""
         if not self.started:
             self.start()
         check, vals, tmp = self.check, self.vals, self.tmp
-        self.post_receives()
+        self._post_receives()
         try:
             check.wait(*self.early)
         except MismatchError as exc:  # a confirmation frame came in for a posted receive

@@ -49,8 +49,8 @@ from .desync import (
     Confirmation,
     check_sig,
     foreign_frame_error,
-    receives_only,
 )
+from .receipts import RECEIPT_STEP, Batch
 from .slot_collectives import ContextWatch, SlotCall, prepare_call
 
 if TYPE_CHECKING:
@@ -60,13 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["Executor"]
 
 log = get_logger("executor")
-
-#: how many broadcasts a root may return from before the receivers' confirmations of
-#: the oldest arrive: the calls by which a disagreement can reach the root late
-AHEAD_CALLS = 16
-#: and how many bytes of those broadcasts' data: what a receiver that is behind may
-#: have to hold unasked meanwhile
-AHEAD_BYTES = 4 << 20
 
 
 class Executor:
@@ -108,14 +101,8 @@ class Executor:
         self._foreign: list[tuple[int, OpSig]] = []
         self._scanned = False
         self._watch = ContextWatch(rt, self._caller_context, self._check_caller_call)
-        #: broadcasts this rank was the root of whose signature confirmations are still to
-        #: be received, oldest first, with their sizes (:meth:`_settle_unconfirmed`)
-        self._unconfirmed: deque[tuple[OpContext, Confirmation, int]] = deque()
-        self._unconfirmed_bytes = 0
-        #: whether this rank's part of a confirmation only receives once started
-        self._confirm_receives_only = group.rank is not None and receives_only(
-            group.rank, group.size
-        )
+        #: a two-rank group's broadcasts by message are confirmed in batches (receipts)
+        self._batch: Batch | None = Batch() if group.size == 2 else None
 
     def sig(
         self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
@@ -178,20 +165,21 @@ class Executor:
         the data moves."""
         cfg = self.group.config
         checked = op in ROOTED and cfg.check_mismatch and self.size > 1
-        # a root's broadcast by message may leave its confirmation to be received later
-        defer = (
-            checked
+        batch = self._batch
+        # a two-rank broadcast by message that carries data is confirmed in a batch
+        batched = (
+            batch is not None
+            and checked
             and confirm_first
             and op in CONFIRM_EARLY_BY_MESSAGE
-            and sig.root == self.rt.rank  # the signature names the global root
-            and self._confirm_receives_only
+            and sig.count > 0
         )
-        nbytes = sig.count * DType(sig.dtype).itemsize if defer else -1
-        settled = self._settle_unconfirmed(room=nbytes)
-        if settled is not None:  # the previous broadcast failed: this call does not start
-            with self._lock:
-                self._done = max(self._done, seq)
-            return partial(work.finish, error=settled)
+        if batch and (not batched or not batch.continued_by(sig)):
+            failed = self._close_batch()
+            if failed is not None:  # the batch's calls failed: this call does not start
+                with self._lock:
+                    self._done = max(self._done, seq)
+                return partial(work.finish, error=failed)
         ctx = self.context(seq, me, op, sig, time.monotonic() + cfg.timeout)
         with self._lock:
             early = self._broken_error(ctx) or self._early_aborts.pop(seq, None)
@@ -201,23 +189,22 @@ class Executor:
                 self._done = max(self._done, seq)
         if early is not None:
             return partial(work.finish, error=early)
-        deferred = False
+        kept = False  # a batched call the root keeps in flight until its receipt
         try:
             self._scan_buffered(ctx)
             confirm = None
-            if checked and confirm_first:
+            if checked and confirm_first and not batched:
                 confirm = Confirmation(ctx, self._check_context(ctx))
                 confirm.start()  # before the data moves (see desync)
             result = body(ctx)
-            if defer and confirm is not None:
-                # the root only sent: what is left of the confirmation is receiving its
-                # peers' first messages, sent before they took the data. The root goes
-                # on and receives them later (see _settle_unconfirmed), as a broadcast's
-                # root that only sends does in MPI and Gloo
-                confirm.post_receives()
-                self._unconfirmed.append((ctx, confirm, nbytes))
-                self._unconfirmed_bytes += nbytes
-                deferred = True
+            if batched:
+                assert batch is not None
+                batch.add(ctx, sig.count * DType(sig.dtype).itemsize)
+                kept = sig.root == self.rt.rank  # the signature names the global root
+                if not kept and batch.full:  # the receiver sends its receipt at once
+                    failed = self._close_batch()
+                    if failed is not None:
+                        return partial(work.finish, error=failed)
             elif checked and not ctx.all_pairs_checked:
                 # made only when needed: the shared-memory rounds of a broadcast
                 # compare every pair's signature already (most large broadcasts)
@@ -237,61 +224,63 @@ class Executor:
             return partial(work.finish, result)
         finally:
             with self._lock:
-                if not deferred:  # a put-off confirmation still hears aborts for its call
+                if not kept:  # a kept call still hears aborts and frames for it
                     self._inflight.pop(seq, None)
                     self._notices.pop(seq, None)
                 self._done = max(self._done, seq)
 
-    def _settle_unconfirmed(self, room: int) -> BaseException | None:
-        """Finish, oldest first, the confirmations broadcasts' root put off (in the
-        group's turn): those already received, and then as many as it takes to make
-        room for the call starting now, if it is such a broadcast of ``room`` bytes
-        (at most :data:`AHEAD_CALLS` calls and :data:`AHEAD_BYTES` bytes left
-        unconfirmed with it), else (``room`` < 0) every one. Returns the
-        failure one finds, with the group failed as that broadcast would have failed it
-        (the later ones are abandoned), or None. The peers sent what is received here
-        before they took the broadcast's data, so this waits only for peers still short
-        of that broadcast, within a deadline of its own."""
-        pending = self._unconfirmed
-        while pending:
-            ctx, confirm, nbytes = pending[0]
-            behind = (
-                room < 0
-                or len(pending) >= AHEAD_CALLS
-                or self._unconfirmed_bytes + room > AHEAD_BYTES
-            )
-            if not behind and not confirm.arrived():
-                return None
-            pending.popleft()
-            self._unconfirmed_bytes -= nbytes
-            err = self._finish_confirmation(ctx, confirm)
-            if err is not None:
-                self._abandon_unconfirmed()
-                return err
-        return None
-
-    def _abandon_unconfirmed(self) -> None:
-        """Withdraw the confirmations still put off (after one of them failed)."""
-        for ctx, _, _ in self._unconfirmed:
-            self._forget_context(ctx)
-            ctx.finish()
-        self._unconfirmed.clear()
-        self._unconfirmed_bytes = 0
-
-    def _finish_confirmation(self, ctx: OpContext, confirm: Confirmation) -> BaseException | None:
-        confirm.rearm(time.monotonic() + ctx.timeout)
+    def _close_batch(self) -> BaseException | None:
+        """End the group's open batch of broadcasts (:mod:`.receipts`), in the group's
+        turn: the receiver sends its receipt; the root receives it, within a deadline of
+        its own, and compares it with its own. Returns the failure, with the group
+        failed as the batch's calls would have failed it, or None."""
+        batch = self._batch
+        assert batch is not None and batch
+        root, mine, which = batch.root, batch.receipt(), batch.describe()
+        calls = batch.close()
+        last = calls[-1]
+        me = last.rank
+        peer = 1 - me
+        check = self._receipt_context(calls if root == self.rt.rank else [last])
         try:
-            confirm.finish()
+            if root != self.rt.rank:
+                check.send(peer, RECEIPT_STEP, mine)
+                return None
+            theirs = np.zeros(3, np.int64)
+            check.recv(peer, RECEIPT_STEP, theirs)
+            if not np.array_equal(theirs, mine):
+                raise MismatchError(
+                    f"mismatched collective at broadcast {which} (group {self.id}): rank "
+                    f"{self.ranks[peer]} received other calls than rank {self.rt.rank} sent",
+                    op=last.label,
+                    seq=last.seq,
+                    group=self.id,
+                    ranks=(self.ranks[peer], self.rt.rank),
+                )
         except CommunicationError as exc:
-            err = ctx.named(exc)
-            self.fail(ctx, err)
+            err = last.named(exc)
+            self.fail(last, err)
             return err
         except BaseException as exc:
-            self.fail(ctx, ctx.local_failure(exc))
+            self.fail(last, last.local_failure(exc))
             return exc
         finally:
-            self._forget_context(ctx)
+            for ctx in calls:
+                self._forget_context(ctx)
         return None
+
+    def _receipt_context(self, calls: list[OpContext]) -> OpContext:
+        """The context a batch's receipt travels on: the last call's confirmation context,
+        aborted whenever any of ``calls`` (the root's, kept in flight) is."""
+        check = self._check_context(calls[-1])
+        check.deadline = time.monotonic() + check.timeout  # the calls' deadlines have run
+        with self._lock:
+            for ctx in calls:
+                ctx.companion = check
+            late = next((c.aborted for c in calls if c.aborted is not None), None)
+        if late is not None:
+            check.abort(late)
+        return check
 
     def _forget_context(self, ctx: OpContext) -> None:
         with self._lock:
@@ -391,7 +380,7 @@ class Executor:
                 or self._busy
                 or self._queue
                 or self._closed
-                or self._unconfirmed
+                or self._batch
                 or self.group.broken is not None
                 or self._early_aborts  # a peer already failed a call: _execute says so
                 or self.rt.op_hook is not None
@@ -618,10 +607,10 @@ class Executor:
         self.name = f"group {self.id} ({why})"
 
     def close(self, timeout: float = 5.0) -> None:
-        """Refuse further operations, let the worker finish what is queued, and finish
-        the confirmations a broadcast's root put off, as that broadcast would have
-        before returning: its receivers send to the root, which must not leave before
-        them (a failure is logged: no call is left to raise it in)."""
+        """Refuse further operations, let the worker finish what is queued, and end an
+        open batch of broadcasts (the receiver sends its receipt, the root waits for it,
+        as the batch's calls would have; a failure is logged: no call is left to raise
+        it in)."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
@@ -634,7 +623,7 @@ class Executor:
         if not idle:
             return
         try:
-            err = self._settle_unconfirmed(room=-1)
+            err = self._close_batch() if self._batch else None
         finally:
             with self._lock:
                 self._busy = False
