@@ -196,15 +196,24 @@ class Executor:
             if checked and confirm_first and not batched:
                 confirm = Confirmation(ctx, self._check_context(ctx))
                 confirm.start()  # before the data moves (see desync)
-            result = body(ctx)
-            if batched:
+            # the signature names the global root
+            kept = batched and sig.root == self.rt.rank
+            if batched and not kept:
+                # the receiver's receipt says which calls it made: it goes out as the
+                # call that fills the batch starts, so the root's next call need not
+                # wait for this one's data to arrive (a frame of it that disagrees
+                # still fails both ranks: this rank aborts the call)
                 assert batch is not None
                 batch.add(ctx, sig.count * DType(sig.dtype).itemsize)
-                kept = sig.root == self.rt.rank  # the signature names the global root
-                if not kept and batch.full:  # the receiver sends its receipt at once
+                if batch.full:
                     failed = self._close_batch()
                     if failed is not None:
                         return partial(work.finish, error=failed)
+            result = body(ctx)
+            if batched:
+                if kept:
+                    assert batch is not None
+                    batch.add(ctx, sig.count * DType(sig.dtype).itemsize)
             elif checked and not ctx.all_pairs_checked:
                 # made only when needed: the shared-memory rounds of a broadcast
                 # compare every pair's signature already (most large broadcasts)
@@ -239,19 +248,23 @@ class Executor:
         root, mine, which = batch.root, batch.receipt(), batch.describe()
         calls = batch.close()
         last = calls[-1]
-        me = last.rank
-        peer = 1 - me
-        check = self._receipt_context(calls if root == self.rt.rank else [last])
+        peer = 1 - last.rank
+        if root != self.rt.rank:  # the receiver: its calls are not kept in flight
+            try:
+                self._receipt_context([last]).send(peer, RECEIPT_STEP, mine)
+            except CommunicationError as exc:
+                err = last.named(exc)
+                self.fail(last, err)
+                return err
+            return None
+        check = self._receipt_context(calls)
         try:
-            if root != self.rt.rank:
-                check.send(peer, RECEIPT_STEP, mine)
-                return None
             theirs = np.zeros(3, np.int64)
             check.recv(peer, RECEIPT_STEP, theirs)
             if not np.array_equal(theirs, mine):
                 raise MismatchError(
                     f"mismatched collective at broadcast {which} (group {self.id}): rank "
-                    f"{self.ranks[peer]} received other calls than rank {self.rt.rank} sent",
+                    f"{self.ranks[peer]} made other calls than rank {self.rt.rank}",
                     op=last.label,
                     seq=last.seq,
                     group=self.id,
@@ -271,7 +284,8 @@ class Executor:
 
     def _receipt_context(self, calls: list[OpContext]) -> OpContext:
         """The context a batch's receipt travels on: the last call's confirmation context,
-        aborted whenever any of ``calls`` (the root's, kept in flight) is."""
+        with a deadline of its own, aborted whenever any of ``calls`` is (the root's,
+        kept in flight until the receipt)."""
         check = self._check_context(calls[-1])
         check.deadline = time.monotonic() + check.timeout  # the calls' deadlines have run
         with self._lock:
