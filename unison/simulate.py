@@ -28,7 +28,7 @@ import argparse
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from .algorithms import (
@@ -57,6 +57,7 @@ __all__ = [
     "parse_latency",
     "parse_size",
     "predict",
+    "hosts_links",
     "price",
     "shm_links",
 ]
@@ -239,35 +240,71 @@ def _human(n: int) -> str:
 VALIDATED = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 
 
-def price(op: str, p: int, n: int, pick: Link, link: Link, small: int) -> tuple[str, float]:
-    """What one host runs for ``op`` on ``n`` bytes (the bench's size) and its predicted
-    seconds on ``link``, the per-call overhead included: the slots (``slots``,
-    :mod:`.algorithms.slot_path`) where the call fits ``small`` bytes, else the
-    selector's choice on ``pick`` (:func:`shm_links`)."""
+def hosts_links(
+    p: int, hosts: int, transport: str = "auto", gamma: float | None = None
+) -> tuple[Link, Link]:
+    """:func:`shm_links` for ``p`` ranks over ``hosts`` hosts (contiguous, equal numbers),
+    as the runtime builds their link (:func:`unison.link.two_level`: this host's
+    calibrated TCP between hosts; within a host, shared memory unless ``transport`` is
+    ``tcp``): the selector's, and predictions' (its intra-host link between processes)."""
+    from .link import transport_link, two_level
+    from .transport import calibrate
+
+    calibrate.install()
+    per = max(1, p // hosts)
+    pick = two_level({r: f"h{r // per}" for r in range(p)}, transport_link("tcp"), transport)
+    if pick is None:
+        return shm_links(gamma)
+    if gamma:
+        pick = replace(pick, gamma=gamma, intra=replace(pick.intra, gamma=gamma))
+    return pick, replace(pick, intra=pick.intra.between_processes())
+
+
+def price(
+    op: str,
+    p: int,
+    n: int,
+    pick: Link,
+    link: Link,
+    small: int,
+    forced: Mapping[str, str] | None = None,
+) -> tuple[str, float]:
+    """What runs for ``op`` on ``n`` bytes (the bench's size) and its predicted seconds on
+    ``link``, the per-call overhead included: the slots (``slots``,
+    :mod:`.algorithms.slot_path`) where the call fits ``small`` bytes (0: no slots, e.g.
+    several hosts), else the algorithm ``forced`` names (``UNISON_ALGO``) or the
+    selector's choice on ``pick`` (:func:`shm_links`, :func:`hosts_links`)."""
     at = link.at(n, p)
     if slot_path.uses_slots(op, p, n, small):
         return "slots", at.overhead + slot_path.cost(op, p, n, at)
-    if op == "all_reduce":
-        algo = selected(p, n, pick)
-        return algo, at.overhead + predict(algo, p, n, link).seconds
-    choice = choose(op, p, n, pick, {})
-    return choice.name, at.overhead + choice.module.cost(p, n, at)
+    choice = choose(op, p, n, pick, forced or {})
+    name = choice.name
+    if op == "all_reduce":  # simulate's short names (rd, shm1)
+        name = next((k for k, (_, sel) in ALGOS.items() if sel == name), name)
+    return name, at.overhead + choice.module.cost(p, n, at)
 
 
-def validate(path: str, gamma: float | None, small: int | None = None) -> str:
+def validate(path: str, gamma: float | None, small: int | None = None, hosts: int = 1) -> str:
     """Predicted vs measured unison rows of a bench JSON: per collective and size, what
-    runs on this host's shm link (:func:`price`: the slots up to ``small`` bytes,
-    default ``UNISON_SMALL_BYTES``, else the selector's choice) and its predicted time."""
+    runs (:func:`price`: on one host the slots up to ``small`` bytes, default
+    ``UNISON_SMALL_BYTES``, else the algorithm the bench forced or the selector picks)
+    and its predicted time. Rows of ranks on several hosts (``hosts``, ``--hosts``: the
+    bench's hosts, where their names do not tell them apart, e.g. network namespaces;
+    else the host names the rows counted) are priced on those hosts' two-level link
+    (:func:`hosts_links`), with the bench's transport."""
     with open(path) as f:
         data = json.load(f)
     if small is None:
         small = load_config().small_bytes
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    forced = load_config({"UNISON_ALGO": str(meta.get("algo") or "")}).algo_overrides()
+    transport = str(meta.get("transport") or "auto")
     rows = data.get("rows", data) if isinstance(data, dict) else data
     lines = [
-        f"{'op':>14} {'np':>3} {'size':>8} {'algo':>9} {'predicted':>11} {'measured':>11} "
+        f"{'op':>14} {'np':>3} {'size':>8} {'algo':>12} {'predicted':>11} {'measured':>11} "
         f"{'error':>7}"
     ]
-    pick, link = shm_links(gamma)
+    one_host = shm_links(gamma)
     for row in rows:
         op = row.get("op")
         if op not in VALIDATED or row.get("impl", "unison") != "unison":
@@ -275,11 +312,17 @@ def validate(path: str, gamma: float | None, small: int | None = None) -> str:
         if "time_us" not in row:
             continue
         p, n = int(row["np"]), int(row.get("bytes", row.get("size", 0)))
-        algo, pred = price(op, p, n, pick, link, small)
+        spread = max(hosts, int(row.get("hostnames", 1) or 1))
+        if spread > 1 and p % spread == 0:
+            pick, link = hosts_links(p, spread, transport, gamma)
+            algo, pred = price(op, p, n, pick, link, 0, forced)
+        else:
+            pick, link = one_host
+            algo, pred = price(op, p, n, pick, link, 0 if forced else small, forced)
         meas = float(row["time_us"]) * 1e-6
         err = (pred - meas) / meas
         lines.append(
-            f"{op:>14} {p:>3} {_human(n):>8} {algo:>9} {_fmt_t(pred):>11} {_fmt_t(meas):>11} "
+            f"{op:>14} {p:>3} {_human(n):>8} {algo:>12} {_fmt_t(pred):>11} {_fmt_t(meas):>11} "
             f"{err * 100:>+6.0f}%"
         )
     return "\n".join(lines)
@@ -305,7 +348,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     gamma = 1 / parse_bandwidth(args.gamma) if args.gamma else None
     if args.validate:
-        print(validate(args.validate, gamma))
+        print(validate(args.validate, gamma, hosts=args.hosts))
         return 0
     link = build_link(args.np, args.hosts, args.link, args.intra, gamma)
     one_host = args.hosts == 1 and (args.intra or args.link) == "shm"

@@ -330,3 +330,35 @@ def test_validate_prices_slots_and_the_selectors_choice_between_processes(
     finally:
         linkmodel.clear_measured()
         calibrate._memo.clear()
+
+
+@pytest.mark.timeout(60)
+def test_validate_prices_rows_of_several_hosts_on_their_two_level_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--hosts 2`` (hosts whose names do not tell them apart, as network namespaces):
+    rows are priced on the two-level link of those hosts, never on the slots, with the
+    algorithm the bench forced where it forced one."""
+    from unison import link as linkmodel
+    from unison.simulate import hosts_links, price
+
+    n = 1 << 20
+    rows = [{"impl": "unison", "op": "all_reduce", "np": 4, "size": n, "time_us": 900.0}]
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"meta": {"algo": "", "transport": "auto"}, "rows": rows}))
+    ring = tmp_path / "ring.json"
+    ring.write_text(json.dumps({"meta": {"algo": "all_reduce:ring"}, "rows": rows}))
+    try:
+        assert cli_main(["simulate", "--validate", str(one)]) == 0
+        assert capsys.readouterr().out.splitlines()[1].split()[3] == "slots"  # one host
+        assert cli_main(["simulate", "--validate", str(one), "--hosts", "2"]) == 0
+        line = capsys.readouterr().out.splitlines()[1].split()
+        pick, link = hosts_links(4, 2)
+        assert isinstance(pick, TwoLevelLink) and (pick.hosts, pick.per_host) == (2, 2)
+        algo, want = price("all_reduce", 4, n, pick, link, 0)
+        shown = f"{want * 1e6:.1f} us" if want < 1e-3 else f"{want * 1e3:.2f} ms"
+        assert line[3] == algo != "slots" and " ".join(line[4:6]) == shown
+        assert cli_main(["simulate", "--validate", str(ring), "--hosts", "2"]) == 0
+        assert capsys.readouterr().out.splitlines()[1].split()[3] == "ring"
+    finally:
+        linkmodel.clear_measured()
