@@ -78,6 +78,26 @@ class Link:
     #: sync waits for ranks that must first be given a core; 0: not known
     #: (:func:`sync_at` then scales :attr:`sync` by ranks per core)
     sync_crowded: float = 0.0
+    #: seconds per byte of a copy and of a reduction between processes, every core at
+    #: work (data one core wrote, another reads: how the slots and the direct
+    #: algorithms move it), and of a round sync amid busy peers; 0: not measured
+    #: (see :meth:`between_processes`)
+    xcopy: float = 0.0
+    xgamma: float = 0.0
+    xsync: float = 0.0
+
+    def between_processes(self) -> Link:
+        """The same link at the rates measured between processes (:attr:`xcopy`,
+        :attr:`xgamma`, :attr:`xsync`; the out-of-cache link's too), where measured:
+        what ``unison simulate`` predicts times with. A message's two copies (β) take
+        the cross-process copy rate as well. The selector ranks algorithms on the link
+        itself (one process's in-cache rates)."""
+        cold = self.cold.between_processes() if self.cold is not None else None
+        link = replace(self, cold=cold)
+        if self.xcopy > 0 and self.xgamma > 0:
+            beta = self.beta + 2 * (self.xcopy - self.copy) if self.copy > 0 else self.beta
+            link = replace(link, copy=self.xcopy, gamma=self.xgamma, beta=max(beta, self.beta))
+        return replace(link, sync=self.xsync) if self.xsync > 0 and self.sync > 0 else link
 
     def at(self, n: int, p: int = 0) -> Link:
         """The link for an operation on ``n`` bytes: per-byte costs measured in cache

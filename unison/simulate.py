@@ -28,7 +28,7 @@ import argparse
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from .algorithms import (
@@ -39,8 +39,10 @@ from .algorithms import (
     all_reduce_shm_one,
     broadcast_binomial,
     reduce_binomial,
+    slot_path,
 )
 from .algorithms.select import choose
+from .config import load_config
 from .errors import InvalidArgumentError
 from .link import Link, TwoLevelLink, shared_link
 
@@ -55,6 +57,9 @@ __all__ = [
     "parse_latency",
     "parse_size",
     "predict",
+    "hosts_links",
+    "price",
+    "shm_links",
 ]
 
 Cost = Callable[[int, int, Link], float]
@@ -107,15 +112,28 @@ def parse_latency(text: str) -> float:
     return float(m.group(1)) * _TIME[m.group(2)]
 
 
+def shm_links(gamma: float | None = None) -> tuple[Link, Link]:
+    """This host's measured one-host link twice: as the runtime's selector ranks
+    algorithms on it (one process's in-cache rates), and as predictions price them
+    (the rates measured between processes, :meth:`~unison.link.Link.between_processes`).
+    ``gamma``: a reduction speed to use in both instead of the measured ones."""
+    from .link import transport_link
+    from .transport import calibrate
+
+    calibrate.install()  # this host's model (cached per host), as init() reads it
+    base = transport_link("shm")
+    pick, price_ = shared_link(base, slots=True), shared_link(base.between_processes(), slots=True)
+    if gamma:
+        return replace(pick, gamma=gamma), replace(price_, gamma=gamma)
+    return pick, price_
+
+
 def _link(spec: str, gamma: float | None) -> Link:
     """``BANDWIDTH,LATENCY`` (either order) → Link; ``shm``: this host's measured one-host
-    link, as the runtime builds it. ``gamma`` None: the measured (or default) one."""
+    link as predictions price it (:func:`shm_links`). ``gamma`` None: the measured (or
+    default) one."""
     if spec == "shm":
-        from .transport import calibrate
-
-        calibrate.install()  # this host's model (cached per host), as init() reads it
-        link = shared_link(slots=True)
-        return replace(link, gamma=gamma) if gamma else link
+        return shm_links(gamma)[1]
     gamma = gamma or Link().gamma
     parts = [s.strip() for s in spec.split(",")]
     if len(parts) != 2:
@@ -192,15 +210,19 @@ def _sizes(text: str) -> list[int]:
     return [parse_size(x) for x in text.split(",")]
 
 
-def table(p: int, hosts: int, sizes: list[int], algos: list[str], link: Link) -> str:
+def table(
+    p: int, hosts: int, sizes: list[int], algos: list[str], link: Link, pick: Link | None = None
+) -> str:
+    """Predicted time and bus bandwidth per algorithm and size on ``link``; ``*`` marks
+    the selector's choice on ``pick`` (default ``link``: the link the selector sees)."""
     head = f"{'size':>10} " + " ".join(f"{a + ' time':>16} {'busbw':>7}" for a in algos)
     lines = [f"p={p} hosts={hosts}  (busbw in GB/s; * = the selector's choice)", head]
     for n in sizes:
-        pick = selected(p, n, link)
+        pick_ = selected(p, n, pick or link)
         cells = []
         for a in algos:
             pr = predict(a, p, n, link)
-            mark = "*" if a == pick else " "
+            mark = "*" if a == pick_ else " "
             cells.append(f"{_fmt_t(pr.seconds) + mark:>16} {_fmt_bw(pr.busbw):>7}")
         lines.append(f"{_human(n):>10} " + " ".join(cells))
     return "\n".join(lines)
@@ -218,18 +240,71 @@ def _human(n: int) -> str:
 VALIDATED = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 
 
-def validate(path: str, gamma: float | None) -> str:
-    """Predicted vs measured unison rows of a bench JSON: per collective and size, the
-    selector's choice on this host's shm link and its predicted time (the per-call
-    overhead included, as the selector counts it)."""
+def hosts_links(
+    p: int, hosts: int, transport: str = "auto", gamma: float | None = None
+) -> tuple[Link, Link]:
+    """:func:`shm_links` for ``p`` ranks over ``hosts`` hosts (contiguous, equal numbers),
+    as the runtime builds their link (:func:`unison.link.two_level`: this host's
+    calibrated TCP between hosts; within a host, shared memory unless ``transport`` is
+    ``tcp``): the selector's, and predictions' (its intra-host link between processes)."""
+    from .link import transport_link, two_level
+    from .transport import calibrate
+
+    calibrate.install()
+    per = max(1, p // hosts)
+    pick = two_level({r: f"h{r // per}" for r in range(p)}, transport_link("tcp"), transport)
+    if pick is None:
+        return shm_links(gamma)
+    if gamma:
+        pick = replace(pick, gamma=gamma, intra=replace(pick.intra, gamma=gamma))
+    return pick, replace(pick, intra=pick.intra.between_processes())
+
+
+def price(
+    op: str,
+    p: int,
+    n: int,
+    pick: Link,
+    link: Link,
+    small: int,
+    forced: Mapping[str, str] | None = None,
+) -> tuple[str, float]:
+    """What runs for ``op`` on ``n`` bytes (the bench's size) and its predicted seconds on
+    ``link``, the per-call overhead included: the slots (``slots``,
+    :mod:`.algorithms.slot_path`) where the call fits ``small`` bytes (0: no slots, e.g.
+    several hosts), else the algorithm ``forced`` names (``UNISON_ALGO``) or the
+    selector's choice on ``pick`` (:func:`shm_links`, :func:`hosts_links`)."""
+    at = link.at(n, p)
+    if slot_path.uses_slots(op, p, n, small):
+        return "slots", at.overhead + slot_path.cost(op, p, n, at)
+    choice = choose(op, p, n, pick, forced or {})
+    name = choice.name
+    if op == "all_reduce":  # simulate's short names (rd, shm1)
+        name = next((k for k, (_, sel) in ALGOS.items() if sel == name), name)
+    return name, at.overhead + choice.module.cost(p, n, at)
+
+
+def validate(path: str, gamma: float | None, small: int | None = None, hosts: int = 1) -> str:
+    """Predicted vs measured unison rows of a bench JSON: per collective and size, what
+    runs (:func:`price`: on one host the slots up to ``small`` bytes, default
+    ``UNISON_SMALL_BYTES``, else the algorithm the bench forced or the selector picks)
+    and its predicted time. Rows of ranks on several hosts (``hosts``, ``--hosts``: the
+    bench's hosts, where their names do not tell them apart, e.g. network namespaces;
+    else the host names the rows counted) are priced on those hosts' two-level link
+    (:func:`hosts_links`), with the bench's transport."""
     with open(path) as f:
         data = json.load(f)
+    if small is None:
+        small = load_config().small_bytes
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    forced = load_config({"UNISON_ALGO": str(meta.get("algo") or "")}).algo_overrides()
+    transport = str(meta.get("transport") or "auto")
     rows = data.get("rows", data) if isinstance(data, dict) else data
     lines = [
-        f"{'op':>14} {'np':>3} {'size':>8} {'algo':>9} {'predicted':>11} {'measured':>11} "
+        f"{'op':>14} {'np':>3} {'size':>8} {'algo':>12} {'predicted':>11} {'measured':>11} "
         f"{'error':>7}"
     ]
-    link = _link("shm", gamma)
+    one_host = shm_links(gamma)
     for row in rows:
         op = row.get("op")
         if op not in VALIDATED or row.get("impl", "unison") != "unison":
@@ -237,16 +312,17 @@ def validate(path: str, gamma: float | None) -> str:
         if "time_us" not in row:
             continue
         p, n = int(row["np"]), int(row.get("bytes", row.get("size", 0)))
-        if op == "all_reduce":
-            algo = selected(p, n, link)
-            pred = link.at(n).overhead + predict(algo, p, n, link).seconds
+        spread = max(hosts, int(row.get("hostnames", 1) or 1))
+        if spread > 1 and p % spread == 0:
+            pick, link = hosts_links(p, spread, transport, gamma)
+            algo, pred = price(op, p, n, pick, link, 0, forced)
         else:
-            choice = choose(op, p, n, link, {})
-            algo, pred = choice.name, choice.predicted
+            pick, link = one_host
+            algo, pred = price(op, p, n, pick, link, 0 if forced else small, forced)
         meas = float(row["time_us"]) * 1e-6
         err = (pred - meas) / meas
         lines.append(
-            f"{op:>14} {p:>3} {_human(n):>8} {algo:>9} {_fmt_t(pred):>11} {_fmt_t(meas):>11} "
+            f"{op:>14} {p:>3} {_human(n):>8} {algo:>12} {_fmt_t(pred):>11} {_fmt_t(meas):>11} "
             f"{err * 100:>+6.0f}%"
         )
     return "\n".join(lines)
@@ -272,9 +348,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     gamma = 1 / parse_bandwidth(args.gamma) if args.gamma else None
     if args.validate:
-        print(validate(args.validate, gamma))
+        print(validate(args.validate, gamma, hosts=args.hosts))
         return 0
     link = build_link(args.np, args.hosts, args.link, args.intra, gamma)
+    one_host = args.hosts == 1 and (args.intra or args.link) == "shm"
+    pick = shm_links(gamma)[0] if one_host else None
     if args.algo:
         algos = [a.strip() for a in args.algo.split(",")]
         for a in algos:
@@ -282,5 +360,5 @@ def main(args: argparse.Namespace) -> int:
                 raise SystemExit(f"unison simulate: --algo {a!r}: known {', '.join(ALGOS)}")
     else:
         algos = [a for a in ALGOS if math.isfinite(ALGOS[a][0](args.np, 1 << 20, link))]
-    print(table(args.np, args.hosts, _sizes(args.size), algos, link))
+    print(table(args.np, args.hosts, _sizes(args.size), algos, link, pick))
     return 0

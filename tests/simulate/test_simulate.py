@@ -218,3 +218,147 @@ def test_crowded_waits_price_messages_too_and_the_selector_weighs_syncs() -> Non
         for size in (8 << 10, 128 << 10, n):
             got = choose(coll, 4, size, dear, {}).name
             assert got.startswith("shm"), (coll, size, got)
+
+
+def test_slot_path_prices_what_the_slots_do() -> None:
+    """A call on the small-message slots is one round: one end's Python work and one
+    barrier, then what each collective copies and reduces (all-gather: the gathered
+    size; reduce-scatter: the whole input); ranks over cores queue their bytes."""
+    from unison.algorithms import slot_path
+    from unison.link import SharedLink
+
+    c, g = 1e-10, 2e-10
+    link = SharedLink(alpha=12e-6, hop=2e-6, copy=c, gamma=g, sync=3e-6, cores=2)
+    n = 1 << 20
+    for p, r in ((2, 1), (4, 2)):
+        fixed = 3e-6 * r + (12e-6 - 2e-6) / 2  # the barrier (crowded: x r) and Python work
+        assert slot_path.cost("all_reduce", p, n, link) == pytest.approx(
+            fixed + r * n * (c + (p - 1) * g)
+        )
+        assert slot_path.cost("broadcast", p, n, link) == pytest.approx(fixed + r * n * c)
+        assert slot_path.cost("all_gather", p, n, link) == pytest.approx(
+            fixed + r * (n / p + n) * c
+        )
+        assert slot_path.cost("reduce_scatter", p, n, link) == pytest.approx(
+            fixed + r * (n * c + (p - 1) / p * n * g)
+        )
+    assert math.isinf(slot_path.cost("all_reduce", 2, n, Link()))  # not one host's link
+    assert math.isinf(slot_path.cost("all_to_all", 2, n, link))  # the slots do not carry it
+    small = 1 << 20
+    assert slot_path.uses_slots("all_reduce", 2, small, small)
+    assert not slot_path.uses_slots("all_reduce", 2, small + 4, small)
+    assert slot_path.uses_slots("all_gather", 4, 4 * small, small)  # a rank's block fits
+    assert not slot_path.uses_slots("reduce_scatter", 4, 2 * small, small)  # the input must
+    assert not slot_path.uses_slots("all_reduce", 2, 8, 0)  # UNISON_SMALL_BYTES=0: none
+
+
+def test_rates_between_processes_replace_the_in_cache_ones() -> None:
+    """Link.between_processes: copy, reduction (both regimes) and the round sync become
+    the rates measured between processes, and a message's two copies follow; a link
+    without them is unchanged."""
+    from unison.link import shared_link
+
+    cold = Link(alpha=20e-6, beta=3e-10, gamma=2e-10, copy=1.5e-10, xcopy=2e-10, xgamma=3e-10)
+    base = Link(
+        alpha=20e-6, beta=1e-10, gamma=5e-11, copy=4e-11, sync=30e-6, sync_crowded=90e-6,
+        xcopy=6e-11, xgamma=9e-11, xsync=3e-6, big=8 << 20, cold=cold,
+    )  # fmt: skip
+    x = base.between_processes()
+    assert (x.copy, x.gamma, x.sync, x.sync_crowded) == (6e-11, 9e-11, 3e-6, 90e-6)
+    assert x.beta == pytest.approx(1e-10 + 2 * (6e-11 - 4e-11))
+    assert x.cold is not None and (x.cold.copy, x.cold.gamma) == (2e-10, 3e-10)
+    assert x.cold.beta == pytest.approx(3e-10 + 2 * (2e-10 - 1.5e-10))
+    assert base.copy == 4e-11  # the selector's link is untouched
+    shared = shared_link(x, slots=True)
+    assert (shared.copy, shared.gamma, shared.sync) == (6e-11, 9e-11, 3e-6)
+    hot = shared.cold
+    assert hot is not None and (hot.warm_copy, hot.warm_gamma) == (6e-11, 9e-11)
+    plain = Link(alpha=20e-6, copy=4e-11, sync=30e-6)
+    assert plain.between_processes() == plain
+
+
+@pytest.mark.timeout(60)
+def test_validate_prices_slots_and_the_selectors_choice_between_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--validate`` on this host's cached model: calls that fit the slots are priced as
+    slot calls, larger ones as the algorithm the selector picks on its own (in-cache)
+    link, each at the rates measured between processes."""
+    import dataclasses
+
+    from unison import link as linkmodel
+    from unison.algorithms import slot_path
+    from unison.algorithms.select import choose
+    from unison.simulate import shm_links
+    from unison.transport import calibrate
+
+    monkeypatch.setenv("UNISON_LINK_CACHE", str(tmp_path))
+    monkeypatch.delenv("UNISON_SMALL_BYTES", raising=False)
+    calibrate._memo.clear()
+    cal = dataclasses.replace(
+        calibrate.typical(), xcopy=1e-10, xgamma=2e-10, cold_xcopy=3e-10, cold_xgamma=4e-10,
+        xsync=4e-6,
+    )  # fmt: skip
+    path = calibrate.cache_path()
+    assert path is not None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cal.to_json()))
+    rows = [
+        {"impl": "unison", "op": op, "np": 2, "size": n, "time_us": 1000.0}
+        for op in ("all_reduce", "reduce_scatter")
+        for n in (256 << 10, 16 << 20)
+    ]
+    f = tmp_path / "b.json"
+    f.write_text(json.dumps({"meta": {}, "rows": rows}))
+    try:
+        assert cli_main(["simulate", "--validate", str(f)]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()[1:]
+        pick, link = shm_links()
+        assert link.copy == 1e-10 and pick.copy == cal.copy  # in-cache for the choice
+        got = {(ln.split()[0], ln.split()[2]): ln.split()[3] for ln in lines}
+        assert got[("all_reduce", "256K")] == got[("reduce_scatter", "256K")] == "slots"
+        rs = choose("reduce_scatter", 2, 16 << 20, pick, {})
+        assert got[("reduce_scatter", "16M")] == rs.name
+        small = slot_path.cost("reduce_scatter", 2, 256 << 10, link.at(256 << 10, 2))
+        assert small > slot_path.cost("reduce_scatter", 2, 256 << 10, pick.at(256 << 10, 2))
+        shown = [ln for ln in lines if ln.split()[:3] == ["reduce_scatter", "2", "256K"]]
+        assert f"{small * 1e6:.1f} us" in shown[0]
+        big = link.at(16 << 20, 2)
+        want = big.overhead + rs.module.cost(2, 16 << 20, big)
+        shown = [ln for ln in lines if ln.split()[:3] == ["reduce_scatter", "2", "16M"]]
+        assert f"{want * 1e3:.2f} ms" in shown[0]
+    finally:
+        linkmodel.clear_measured()
+        calibrate._memo.clear()
+
+
+@pytest.mark.timeout(60)
+def test_validate_prices_rows_of_several_hosts_on_their_two_level_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--hosts 2`` (hosts whose names do not tell them apart, as network namespaces):
+    rows are priced on the two-level link of those hosts, never on the slots, with the
+    algorithm the bench forced where it forced one."""
+    from unison import link as linkmodel
+    from unison.simulate import hosts_links, price
+
+    n = 1 << 20
+    rows = [{"impl": "unison", "op": "all_reduce", "np": 4, "size": n, "time_us": 900.0}]
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"meta": {"algo": "", "transport": "auto"}, "rows": rows}))
+    ring = tmp_path / "ring.json"
+    ring.write_text(json.dumps({"meta": {"algo": "all_reduce:ring"}, "rows": rows}))
+    try:
+        assert cli_main(["simulate", "--validate", str(one)]) == 0
+        assert capsys.readouterr().out.splitlines()[1].split()[3] == "slots"  # one host
+        assert cli_main(["simulate", "--validate", str(one), "--hosts", "2"]) == 0
+        line = capsys.readouterr().out.splitlines()[1].split()
+        pick, link = hosts_links(4, 2)
+        assert isinstance(pick, TwoLevelLink) and (pick.hosts, pick.per_host) == (2, 2)
+        algo, want = price("all_reduce", 4, n, pick, link, 0)
+        shown = f"{want * 1e6:.1f} us" if want < 1e-3 else f"{want * 1e3:.2f} ms"
+        assert line[3] == algo != "slots" and " ".join(line[4:6]) == shown
+        assert cli_main(["simulate", "--validate", str(ring), "--hosts", "2"]) == 0
+        assert capsys.readouterr().out.splitlines()[1].split()[3] == "ring"
+    finally:
+        linkmodel.clear_measured()

@@ -37,7 +37,15 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
     (path,) = tmp_path.glob("linkmodel-*.json")
     assert path == calibrate.cache_path(env)
     stored = json.loads(path.read_text())
-    assert {k: stored["host"][k] for k in ("cpu", "cores", "unison")} == calibrate.host_key()
+    keys = ("cpu", "cores", "unison", "format")
+    assert {k: stored["host"][k] for k in keys} == calibrate.host_key()
+    # the rates between processes (2 forked ranks on 2 cores) and a slot call's cost
+    # beyond them
+    two = calibrate.host_key()["cores"] >= 2
+    assert (cal.xcopy > 0 and cal.xgamma > 0 and cal.xsync > 0) == two
+    assert (cal.cold_xcopy > 0 and cal.cold_xgamma > 0) == two
+    if two:
+        assert 1e-12 < cal.xcopy < 1e-7 and 1e-12 < cal.xgamma < 1e-7 and cal.xsync < 0.01
 
     # a second process (fresh memo) reads the cache instead of measuring
     calibrate._memo.clear()
@@ -45,6 +53,7 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
     again = calibrate.load(env)
     assert again.source == "cache" and again.shm == cal.shm and again.tcp == cal.tcp
     assert again.sync == cal.sync and again.sync_crowded == cal.sync_crowded
+    assert (again.xcopy, again.xgamma, again.xsync) == (cal.xcopy, cal.xgamma, cal.xsync)
 
     # knobs pin values over the measurement
     pinned = calibrate.load({**env, "UNISON_SHM_ALPHA": "3e-6", "UNISON_CALL_OVERHEAD": "1e-5"})
@@ -76,12 +85,19 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
         calibrate.install({**env, "UNISON_SHM_SYNC": "7e-6", "UNISON_SHM_SYNC_CROWDED": "9e-5"})
         pinned_link = linkmodel.shared_link(slots=True)
         assert (pinned_link.sync, pinned_link.sync_crowded) == (7e-6, 9e-5)
+        # the rates between processes reach the link (the selector's link keeps its
+        # own; predictions take them through Link.between_processes)
+        shm = linkmodel.transport_link("shm")
+        assert (shm.xcopy, shm.xgamma, shm.xsync) == (cal.xcopy, cal.xgamma, cal.xsync)
+        assert shm.copy == cal.copy and shm.gamma == cal.gamma
+        if cal.cold_xcopy > 0:
+            assert shm.cold is not None and shm.cold.xcopy == cal.cold_xcopy
     finally:
         linkmodel.clear_measured()
 
     # a cache written before these rates existed is measured again, not half-read
     old = json.loads(path.read_text())
-    for key in ("cold_copy", "sync"):
+    for key in ("cold_copy", "sync", "xcopy", "xsync"):
         path.write_text(json.dumps({k: v for k, v in old.items() if k != key}))
         assert calibrate._read(path) is None, key
     path.write_text(json.dumps(old))
@@ -93,6 +109,12 @@ def test_measured_once_cached_per_host_and_overridable(tmp_path: Path, monkeypat
     path.write_text(json.dumps(data))
     monkeypatch.setattr(calibrate, "_load", lambda: 0.0)
     assert calibrate._read(path) is None
+
+    # a cache of another format (e.g. written by an older unison) lives elsewhere
+    monkeypatch.setattr(calibrate, "FORMAT", calibrate.FORMAT - 1)
+    assert calibrate.cache_path(env) != path
+    monkeypatch.undo()
+    monkeypatch.setattr(calibrate, "_load", lambda: 0.0)
 
     # another machine (other core count) does not use this host's file
     real = calibrate.host_key()

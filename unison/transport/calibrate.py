@@ -5,10 +5,11 @@ per byte) and the fixed Python cost of one call. Constants tuned on one
 machine are wrong on the next, so they are *measured* here, by an explicit
 command (``unison bench --calibrate``), and cached per host under the user cache
 directory (``$XDG_CACHE_HOME/unison`` or ``~/.cache/unison``; ``UNISON_LINK_CACHE``
-overrides, ``off`` disables) in a file keyed by CPU model, usable cores and the
-unison version. A job's set-up never measures: it reads the cache, and without one
-uses the figures of a typical commodity x86 host (:func:`typical`), which pick the
-same algorithms as a measured host of that kind. Each value can be
+overrides, ``off`` disables) in a file keyed by CPU model, usable cores, the
+unison version and the format of the figures (:data:`FORMAT`). A job's set-up never
+measures: it reads the cache, and without one uses the figures of a typical commodity
+x86 host (:func:`typical`), which pick the same algorithms as a measured host of that
+kind. Each value can be
 pinned with a knob (``UNISON_SHM_ALPHA``, ``UNISON_SHM_BETA``,
 ``UNISON_TCP_ALPHA``, ``UNISON_TCP_BETA``), which wins over the measurement;
 ``UNISON_CALL_OVERHEAD`` sets the model's per-call overhead (not measured here).
@@ -18,7 +19,7 @@ link model the selector, the algorithms' ``cost()`` and ``unison simulate`` read
 α there is one message's whole path: the measured hop plus the Python work of
 both ends (``2 × overhead``).
 
-What is measured (about a quarter of a second, once per host):
+What is measured (about a second, once per host):
 
 * shm α: half the round trip of a sequence number through a shared mapping
   between this process and a child process (the floor of a shared-memory hop);
@@ -31,6 +32,16 @@ What is measured (about a quarter of a second, once per host):
   size are priced with the second set (:meth:`unison.link.Link.at`);
 * γ: one reduction per byte (``np.add`` of two float32 arrays into the first, the
   direct algorithms' arithmetic);
+* the copy and reduction rates *between processes*, as the slots and the direct
+  shared-memory algorithms move data (:func:`.probe.shared_rates`): back-to-back
+  all-gathers and all-reduces of 256 KiB and 1 MiB on the slots
+  (:class:`~.seqslot.SeqSlots`) of two forked processes on two cores, the per-byte
+  slopes, and what a call costs beyond them (its barrier amid busy peers); out of
+  cache, calls of a quarter of the largest cache (:func:`.probe.cold_rates`). Data
+  written by one core and read by another while every core works runs 1.5-3x slower
+  than one process in its own cache. ``unison simulate`` predicts times with these
+  (:meth:`unison.link.Link.between_processes`); the selector ranks algorithms with
+  the one-process rates above;
 * tcp α and β: a round trip and an 8 MiB stream over a local socket pair;
 * overhead: packing, parsing and matching one frame header in Python (the fixed
   per-message work of :mod:`.framing` at one end), the part no link removes;
@@ -69,6 +80,7 @@ from ..jobenv import usable_cores
 from . import probe
 
 __all__ = [
+    "FORMAT",
     "Calibration",
     "LinkParams",
     "cache_path",
@@ -129,6 +141,14 @@ class Calibration:
     #: cores, and 2 ranks per core (0: not measured)
     sync: float = 0.0
     sync_crowded: float = 0.0
+    #: the copy and reduction rates between processes (:func:`.probe.shared_rates`), in
+    #: and out of cache, and the slot call's cost beyond them less one end's Python
+    #: work (0: not measured)
+    xcopy: float = 0.0
+    xgamma: float = 0.0
+    cold_xcopy: float = 0.0
+    cold_xgamma: float = 0.0
+    xsync: float = 0.0
 
     def link(self, transport: str) -> LinkParams:
         return self.tcp if transport == "tcp" else self.shm
@@ -164,6 +184,11 @@ class Calibration:
             cold_cma=float(data["cold_cma"]),
             sync=float(data["sync"]),
             sync_crowded=float(data["sync_crowded"]),
+            xcopy=float(data["xcopy"]),
+            xgamma=float(data["xgamma"]),
+            cold_xcopy=float(data["cold_xcopy"]),
+            cold_xgamma=float(data["cold_xgamma"]),
+            xsync=float(data["xsync"]),
         )
 
 
@@ -186,9 +211,15 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: what the cached figures are (bumped when fields are added or change meaning: a cache
+#: of another format lives under another file name and is never read)
+FORMAT = 2
+
+
 def host_key() -> dict[str, Any]:
-    """What the cached model is valid for: CPU model, usable cores, unison version."""
-    return {"cpu": _cpu_model(), "cores": usable_cores(), "unison": __version__}
+    """What the cached model is valid for: CPU model, usable cores, unison version and
+    the :data:`FORMAT` of the figures."""
+    return {"cpu": _cpu_model(), "cores": usable_cores(), "unison": __version__, "format": FORMAT}
 
 
 def cache_path(env: Mapping[str, str] | None = None) -> Path | None:
@@ -224,6 +255,8 @@ def measure() -> Calibration:
         shm_alpha, (tcp_alpha, tcp_beta) = _FALLBACK_SHM[0], _FALLBACK_TCP
         source = "measured (pair test failed; defaults for α)"
     sync, sync_crowded = probe.slot_sync()
+    xcopy, xgamma, xcall = probe.shared_rates(probe.COPY)
+    cold_x = probe.cold_rates(cache // 4, xcall) if xcopy > 0 else (0.0, 0.0)
     piece = (shm_alpha + 2 * overhead) / RING_PIECE  # a hop and both ends' work per piece
     return Calibration(
         shm=LinkParams(shm_alpha, 2 * copy + piece),
@@ -244,6 +277,13 @@ def measure() -> Calibration:
         cold_cma=cold[2],
         sync=sync,
         sync_crowded=sync_crowded,
+        xcopy=xcopy,
+        xgamma=xgamma,
+        cold_xcopy=cold_x[0],
+        cold_xgamma=cold_x[1],
+        # the call's cost beyond its bytes, less its own Python work (the model adds
+        # one end's per-message work to every round), at least a quarter of it
+        xsync=max(xcall - overhead, xcall / 4),
     )
 
 
@@ -324,6 +364,11 @@ def _override(cal: Calibration, env: Mapping[str, str]) -> Calibration:
         cal.cold_copy,
         cal.cold_cma,
         **syncs,
+        xcopy=cal.xcopy,
+        xgamma=cal.xgamma,
+        cold_xcopy=cal.cold_xcopy,
+        cold_xgamma=cal.cold_xgamma,
+        xsync=cal.xsync,
     )
 
 
@@ -414,6 +459,16 @@ def main(args: argparse.Namespace | None = None) -> int:
     if cal.sync > 0:
         crowded = f", 2 ranks per core {cal.sync_crowded * 1e6:.1f} us" if cal.sync_crowded else ""
         print(f"  round sync (slot barrier) {cal.sync * 1e6:.1f} us{crowded}")
+    if cal.xcopy > 0:
+        print(
+            f"  between processes: copy {1 / cal.xcopy / 1e9:.2f} GB/s, reduction "
+            f"{1 / cal.xgamma / 1e9:.2f} GB/s, call beyond them {cal.xsync * 1e6:.1f} us"
+        )
+    if cal.cold_xcopy > 0:
+        print(
+            f"  between processes out of cache: copy {1 / cal.cold_xcopy / 1e9:.2f} GB/s, "
+            f"reduction {1 / cal.cold_xgamma / 1e9:.2f} GB/s"
+        )
     print(f"cached in {path}" if path is not None else "not cached (UNISON_LINK_CACHE=off)")
     return 0
 
@@ -440,6 +495,9 @@ def install(env: Mapping[str, str] | None = None, cal: Calibration | None = None
             overhead=cal.call_overhead or base.overhead,
             sync=cal.sync if tr == "shm" else 0.0,
             sync_crowded=cal.sync_crowded if tr == "shm" else 0.0,
+            xcopy=cal.xcopy if tr == "shm" else 0.0,
+            xgamma=cal.xgamma if tr == "shm" else 0.0,
+            xsync=cal.xsync if tr == "shm" else 0.0,
         )
         if cal.big > 0 and cal.cold_copy > 0:
             shm = tr == "shm"
@@ -451,6 +509,8 @@ def install(env: Mapping[str, str] | None = None, cal: Calibration | None = None
                 gamma=cal.cold_gamma or hot.gamma,
                 copy=cal.cold_copy if shm else 0.0,
                 cma=cal.cold_cma if shm else 0.0,
+                xcopy=cal.cold_xcopy if shm else 0.0,
+                xgamma=cal.cold_xgamma if shm else 0.0,
             )
             hot = dataclasses.replace(hot, big=cal.big, cold=cold)
         linkmodel.set_measured(tr, hot)

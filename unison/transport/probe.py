@@ -8,6 +8,7 @@ override logic so that each file does one job.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import socket
@@ -16,10 +17,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["COLD_MAX", "COPY", "cache_bytes", "pair", "per_message_overhead", "rates", "slot_sync"]
+if TYPE_CHECKING:
+    from .seqslot import SeqSlots
+
+__all__ = [
+    "COLD_MAX",
+    "COPY",
+    "cache_bytes",
+    "cold_rates",
+    "pair",
+    "per_message_overhead",
+    "rates",
+    "shared_rates",
+    "slot_sync",
+]
 
 _ROUNDS = 400  # ping-pong round trips per latency measurement
 _BATCH = 50  # round trips per batch (the estimate is the best batch)
@@ -29,6 +45,7 @@ COPY = 1 << 20  # bytes per array for the in-cache copy, reduction and CMA rates
 COLD_MAX = 64 << 20  # largest array for the out-of-cache rates
 _PIECE = 4 << 20  # bytes per copy or reduction call (a slot half)
 _TRIES = 10  # passes per bandwidth measurement (the estimate is the best one)
+_PAGE_BYTES = 4096
 
 _CHILD = r"""
 import mmap, os, socket, struct, sys, time
@@ -313,3 +330,172 @@ def _barrier_time(p: int, cpus: set[int]) -> float:
         del regions
         view.release()
         shared.close()
+
+
+# --- the per-byte work of the slots and the direct algorithms, between processes ----------
+
+#: calls per timed batch of :func:`shared_rates`; the estimate is the median batch (what
+#: a run of calls typically takes: ``unison bench`` reports medians too), its pieces
+#: each the best of :data:`_XFER_FORKS` pairs of processes
+_XFER_BATCH = 4
+#: batches per kind of call: as many as move about this many bytes per rank, 5 to 25
+_XFER_BYTES = 96 << 20
+#: pairs of processes :func:`shared_rates` measures in turn (a pair may run at half
+#: speed throughout, e.g. in a virtual machine's slow spell: the best pair counts)
+_XFER_FORKS = 3
+
+
+def shared_rates(size: int = COPY) -> tuple[float, float, float]:
+    """Seconds per byte of the slots' and the direct shared-memory algorithms' work as
+    they do it: 2 ranks in separate processes on 2 cores calling
+    :class:`~.seqslot.SeqSlots` all-gathers (each copies its half into its slot, a
+    barrier, each copies both slots out: 1.5 copies per gathered byte) and all-reduces
+    (each copies into its slot, a barrier, each reduces both slots into its buffer:
+    a copy and a reduction per byte) of ``size`` and of ``size / 4`` bytes. Data
+    written by one core and read by another while every core copies runs slower than
+    in :func:`rates` (one process, its own cache): 1.5-3x on a 2-vCPU VM.
+
+    Returns (copy, reduction, call): the copy and the reduction per byte of the
+    ``size`` calls beyond ``call``, what a call costs whatever its bytes (the
+    intercept of the two sizes' times: its barrier amid busy peers and its own Python
+    work, kept between a bare barrier's time and half the small all-reduce's;
+    :func:`cold_rates` prices bigger calls with it). Zeros where it could not be
+    measured (fewer than 2 usable cores, no fork)."""
+    got = _slot_times((size // 4, size))
+    if got is None:
+        return 0.0, 0.0, 0.0
+    (bar, ag1, ar1), (_, ag2, ar2) = got
+    span = size - size // 4
+    copy = max(ag2 - ag1, 1e-9) / (1.5 * span)
+    gamma = max(ar2 - ar1 - copy * span, 1e-9) / span
+    # the intercept, kept between a bare barrier and half the small all-reduce (two
+    # points a slow moment may have bent); the rates then follow from the big calls
+    fixed = (ar2 - size * (copy + gamma) + ag2 - 1.5 * size * copy) / 2
+    fixed = min(max(fixed, bar), ar1 / 2)
+    copy = max(ag2 - fixed, 1e-9) / (1.5 * size)
+    return copy, max(ar2 - fixed - copy * size, 1e-9) / size, fixed
+
+
+def cold_rates(size: int, fixed: float) -> tuple[float, float]:
+    """:func:`shared_rates`' copy and reduction for calls of ``size`` bytes alone (out of
+    the cache when two ranks' slots and buffers outgrow it), less ``fixed`` seconds a
+    call (:func:`shared_rates`' intercept). Zeros where it could not be measured."""
+    got = _slot_times((size,))
+    if got is None:
+        return 0.0, 0.0
+    _, ag, ar = got[0]
+    copy = max(ag - fixed, 1e-9) / (1.5 * size)
+    return copy, max(ar - fixed - copy * size, 1e-9) / size
+
+
+def _slot_times(sizes: tuple[int, ...]) -> list[tuple[float, float, float]] | None:
+    """Seconds of a bare barrier, an all-gather and an all-reduce of each of ``sizes``
+    bytes (float32) on :class:`~.seqslot.SeqSlots`, 2 forked ranks confined to 2 cores:
+    the median batch, best over :data:`_XFER_FORKS` pairs of fresh processes; None on
+    failure."""
+    best: list[tuple[float, float, float]] | None = None
+    for _ in range(_XFER_FORKS):
+        got = _slot_times_once(sizes)
+        if got is None:
+            return None
+        if best is not None:
+            got = [
+                (min(a[0], b[0]), min(a[1], b[1]), min(a[2], b[2]))
+                for a, b in zip(best, got, strict=True)
+            ]
+        best = got
+    return best
+
+
+def _slot_times_once(sizes: tuple[int, ...]) -> list[tuple[float, float, float]] | None:
+    try:
+        cpus = set(sorted(os.sched_getaffinity(0))[:2])
+    except (AttributeError, OSError):
+        return None
+    if len(cpus) < 2 or not hasattr(os, "fork"):
+        return None
+    from .seqslot import region_bytes
+
+    p, most = 2, max(sizes)
+    nb = (region_bytes(most) + _PAGE_BYTES - 1) // _PAGE_BYTES * _PAGE_BYTES
+    out = p * nb  # the results: the barrier's, then two calls' per size (doubles)
+    shared = mmap.mmap(-1, out + 8 * (1 + 2 * len(sizes)))  # shared: the children inherit it
+    view = memoryview(shared)
+    regions = [view[q * nb : (q + 1) * nb] for q in range(p)]
+    pids: list[int] = []
+    try:
+        for q in range(p):
+            pid = os.fork()
+            if pid == 0:  # the child: calls only, then leave without cleanup
+                code = 1
+                try:
+                    os.sched_setaffinity(0, cpus)
+                    from .seqslot import SeqSlots
+
+                    slots = SeqSlots(q, regions, most, oversubscribed=False)
+                    best = _child_calls(slots, sizes)
+                    if q == 0:
+                        struct.pack_into(f"{len(best)}d", shared, out, *best)
+                    code = 0
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        if not _reap(pids, time.monotonic() + _DEADLINE_S):
+            return None
+        bar, *calls = struct.unpack_from(f"{1 + 2 * len(sizes)}d", shared, out)
+        got = [(bar, calls[2 * i], calls[2 * i + 1]) for i in range(len(sizes))]
+        return got if all(0 < bar <= min(ag, ar) for _, ag, ar in got) else None
+    except OSError:
+        return None
+    finally:
+        for pid in pids:  # a child past the deadline: end it (only the ones started here)
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        del regions
+        view.release()
+        shared.close()
+
+
+def _child_calls(slots: SeqSlots, sizes: tuple[int, ...]) -> list[float]:
+    """One rank's median seconds (over batches) of a bare barrier, then per size of an
+    all-gather (``size`` bytes gathered) and an all-reduce of ``size`` bytes on
+    ``slots``; the kinds and sizes alternate batch by batch, so a slow moment hits all."""
+    kinds: list[Callable[[], None]] = [lambda: slots.barrier(_DEADLINE_S)]
+    for size in sizes:
+        arr = np.zeros(size // 4, np.float32)  # zeros: the sums stay zero, call after call
+        inp = np.ones(size // 8, np.float32)
+        gathered = np.zeros(2 * inp.size, np.float32)
+        kinds.append(functools.partial(slots.all_gather, inp, gathered, _DEADLINE_S))
+        kinds.append(functools.partial(slots.all_reduce, arr, timeout=_DEADLINE_S))
+    for body in kinds:  # warm: pages touched, the wait policy learnt
+        for _ in range(_XFER_BATCH):
+            body()
+    times: list[list[float]] = [[] for _ in kinds]
+    batches = max(5, min(25, _XFER_BYTES // max(1, sum(sizes) * _XFER_BATCH)))
+    for _ in range(batches):
+        for i, body in enumerate(kinds):
+            # back to back, as an application's calls run: no barrier lines the ranks up
+            t = time.perf_counter()
+            for _ in range(_XFER_BATCH):
+                body()
+            times[i].append((time.perf_counter() - t) / _XFER_BATCH)
+    return [sorted(ts)[len(ts) // 2] for ts in times]
+
+
+def _reap(pids: list[int], deadline: float) -> bool:
+    """Wait for these children (only them: others of this process are not ours) until
+    ``deadline``; True when all exited cleanly. Reaped ones are removed from ``pids``."""
+    ok = True
+    while pids:
+        done, status = os.waitpid(pids[0], os.WNOHANG)
+        if done:
+            pids.pop(0)
+            ok = ok and os.waitstatus_to_exitcode(status) == 0
+        elif time.monotonic() > deadline:
+            return False
+        else:
+            time.sleep(0.002)
+    return ok
