@@ -241,14 +241,19 @@ class Executor:
     def _close_batch(self) -> BaseException | None:
         """End the group's open batch of broadcasts (:mod:`.receipts`), in the group's
         turn: the receiver sends its receipt; the root receives it, within a deadline of
-        its own, and compares it with its own. Returns the failure, with the group
-        failed as the batch's calls would have failed it, or None."""
+        its own, and compares it with its own (neither, in a group already broken: the
+        next call says so). Returns the failure, with the group failed as the batch's
+        calls would have failed it, or None."""
         batch = self._batch
         assert batch is not None and batch
         root, mine, which = batch.root, batch.receipt(), batch.describe()
         calls = batch.close()
         last = calls[-1]
         peer = 1 - last.rank
+        if self.group.broken is not None:  # failed already: nobody sends or waits
+            for ctx in calls:
+                self._forget_context(ctx)
+            return None
         if root != self.rt.rank:  # the receiver: its calls are not kept in flight
             try:
                 self._receipt_context([last]).send(peer, RECEIPT_STEP, mine)
