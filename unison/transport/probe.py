@@ -321,15 +321,20 @@ def _barrier_time(p: int, cpus: set[int]) -> float:
     except OSError:
         return 0.0
     finally:
-        for pid in pids:  # a child past the deadline: end it (only the ones started here)
-            try:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
+        _end_children(pids)
         del regions
         view.release()
         shared.close()
+
+
+def _end_children(pids: list[int]) -> None:
+    """End the children still running past the deadline (only the ones started here)."""
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
 
 
 # --- the per-byte work of the slots and the direct algorithms, between processes ----------
@@ -448,12 +453,7 @@ def _slot_times_once(sizes: tuple[int, ...]) -> list[tuple[float, float, float]]
     except OSError:
         return None
     finally:
-        for pid in pids:  # a child past the deadline: end it (only the ones started here)
-            try:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
+        _end_children(pids)
         del regions
         view.release()
         shared.close()
