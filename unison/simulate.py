@@ -305,6 +305,7 @@ def validate(path: str, gamma: float | None, small: int | None = None, hosts: in
         f"{'error':>7}"
     ]
     one_host = shm_links(gamma)
+    spread_links: dict[tuple[int, int], tuple[Link, Link]] = {}  # (p, hosts): built once
     for row in rows:
         op = row.get("op")
         if op not in VALIDATED or row.get("impl", "unison") != "unison":
@@ -314,7 +315,9 @@ def validate(path: str, gamma: float | None, small: int | None = None, hosts: in
         p, n = int(row["np"]), int(row.get("bytes", row.get("size", 0)))
         spread = max(hosts, int(row.get("hostnames", 1) or 1))
         if spread > 1 and p % spread == 0:
-            pick, link = hosts_links(p, spread, transport, gamma)
+            if (p, spread) not in spread_links:
+                spread_links[p, spread] = hosts_links(p, spread, transport, gamma)
+            pick, link = spread_links[p, spread]
             algo, pred = price(op, p, n, pick, link, 0, forced)
         else:
             pick, link = one_host

@@ -101,8 +101,9 @@ class Executor:
         self._foreign: list[tuple[int, OpSig]] = []
         self._scanned = False
         self._watch = ContextWatch(rt, self._caller_context, self._check_caller_call)
-        #: a two-rank group's broadcasts by message are confirmed in batches (receipts)
-        self._batch: Batch | None = Batch() if group.size == 2 else None
+        #: a two-rank group's broadcasts by message (no shared memory) are confirmed in
+        #: batches (receipts); None elsewhere, so the slot path's check costs nothing
+        self._batch: Batch | None = Batch() if group.size == 2 and not topo.shared else None
 
     def sig(
         self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
@@ -204,17 +205,16 @@ class Executor:
                 # wait for this one's data to arrive (a frame of it that disagrees
                 # still fails both ranks: this rank aborts the call)
                 assert batch is not None
-                batch.add(ctx, sig.count * DType(sig.dtype).itemsize)
+                batch.add(ctx)
                 if batch.full:
                     failed = self._close_batch()
                     if failed is not None:
                         return partial(work.finish, error=failed)
             result = body(ctx)
-            if batched:
-                if kept:
-                    assert batch is not None
-                    batch.add(ctx, sig.count * DType(sig.dtype).itemsize)
-            elif checked and not ctx.all_pairs_checked:
+            if kept:
+                assert batch is not None
+                batch.add(ctx)
+            elif checked and not batched and not ctx.all_pairs_checked:
                 # made only when needed: the shared-memory rounds of a broadcast
                 # compare every pair's signature already (most large broadcasts)
                 if confirm is None:

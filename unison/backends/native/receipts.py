@@ -37,6 +37,8 @@ import numpy as np
 
 from ..._types import OpSig
 from ...algorithms import OpContext
+from ...buffers import DType
+from .desync import sig_hash
 
 __all__ = ["AHEAD_BYTES", "AHEAD_CALLS", "RECEIPT_STEP", "Batch"]
 
@@ -54,14 +56,17 @@ class Batch:
     """The open batch of a two-rank group, the same on both ranks if they agree."""
 
     def __init__(self) -> None:
-        self.root = -1  # the batch's root (global rank); -1: no batch open
         self.calls: list[OpContext] = []
-        self._first = 0
         self._nbytes = 0
         self._hash = 0
 
     def __bool__(self) -> bool:
         return bool(self.calls)
+
+    @property
+    def root(self) -> int:
+        """The batch's root (global rank; the signature names it)."""
+        return self.calls[0].sig.root
 
     @property
     def full(self) -> bool:
@@ -71,25 +76,23 @@ class Batch:
         """Whether a batchable broadcast of signature ``sig`` joins this batch."""
         return not self.calls or (sig.root == self.root and not self.full)
 
-    def add(self, ctx: OpContext, nbytes: int) -> None:
-        if not self.calls:
-            self.root, self._first = ctx.sig.root, ctx.seq
-        self.calls.append(ctx)
-        self._nbytes += nbytes
+    def add(self, ctx: OpContext) -> None:
         s = ctx.sig
-        raw = np.array([ctx.seq, s.op, s.dtype, s.redop, s.root, s.count], np.int64).tobytes()
+        self.calls.append(ctx)
+        self._nbytes += s.count * DType(s.dtype).itemsize
+        raw = np.array([ctx.seq, sig_hash(s)], np.int64).tobytes()
         self._hash = zlib.crc32(raw, self._hash)
 
     def receipt(self) -> np.ndarray:
         """What the receiver sends and the root compares: first call, calls, hash."""
-        return np.array([self._first, len(self.calls), self._hash], np.int64)
+        return np.array([self.calls[0].seq, len(self.calls), self._hash], np.int64)
 
     def describe(self) -> str:
-        last = self.calls[-1].seq
-        return f"#{self._first}" if last == self._first else f"#{self._first} to #{last}"
+        first, last = self.calls[0].seq, self.calls[-1].seq
+        return f"#{first}" if last == first else f"#{first} to #{last}"
 
     def close(self) -> list[OpContext]:
         """End the batch; its calls."""
         calls = self.calls
-        self.root, self.calls, self._nbytes, self._hash = -1, [], 0, 0
+        self.calls, self._nbytes, self._hash = [], 0, 0
         return calls
