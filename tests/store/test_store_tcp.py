@@ -121,6 +121,30 @@ def test_wrong_secret_raises_authentication_error(
     assert_healthy(server, baseline)
 
 
+def test_unverified_client_fails_its_first_request_on_a_wrong_secret(
+    server: TCPStoreServer, baseline: int
+) -> None:
+    """verify=False spares the ping: the first request proves the secret, and a wrong one
+    fails it with the same error the ping gives; a right one works as usual."""
+    host, port = server.address
+    stranger = TCPStore(host, port, b"another job's secret", timeout=5, verify=False)
+    try:
+        with pytest.raises(AuthenticationError, match=f"{host}:{port} rejected our job secret"):
+            stranger.add("unverified", 1)
+        with pytest.raises(StoreError, match="unusable"):
+            stranger.get("unverified", timeout=1)
+    finally:
+        stranger.close()
+    member = TCPStore(host, port, SECRET, timeout=5, verify=False)
+    try:
+        assert member.add("unverified", 2) == 2
+        assert member.get("unverified") == b"2"
+    finally:
+        member.close()
+    assert server.num_strangers() == 1
+    assert_healthy(server, baseline)
+
+
 def test_strangers_counted_not_logged_one_by_one(
     server: TCPStoreServer, baseline: int, caplog: pytest.LogCaptureFixture
 ) -> None:
