@@ -216,8 +216,10 @@ def connect_mesh(
                 continue
             threading.Thread(target=guarded, args=(sock,), daemon=True).start()
 
-    acceptor = threading.Thread(target=accept_loop, name="unison-accept", daemon=True)
-    acceptor.start()
+    acceptor: threading.Thread | None = None
+    if expected:  # the last rank accepts nothing (starting a thread costs a scheduling round trip)
+        acceptor = threading.Thread(target=accept_loop, name="unison-accept", daemon=True)
+        acceptor.start()
     try:
         infos: dict[int, PeerInfo] = {rank: me}
         for peer in range(size):
@@ -266,6 +268,7 @@ def connect_mesh(
         with contextlib.suppress(OSError):
             listener.shutdown(socket.SHUT_RDWR)
         listener.close()
-        acceptor.join(timeout=2)
+        if acceptor is not None:
+            acceptor.join(timeout=2)
         if strangers[0] > 1:
             log.info("rank %d: refused %d connections to the peer port", rank, strangers[0])

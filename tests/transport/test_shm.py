@@ -6,7 +6,9 @@ import hashlib
 import io
 import os
 import secrets
+import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -95,6 +97,79 @@ def test_launcher_removes_segments_of_killed_ranks() -> None:
     _, job, existed = line.split()
     assert existed == "True"
     assert _leftovers(job) == []
+
+
+def _early_segment(hosts: int) -> dict[str, object]:
+    """init where the launcher says every rank is on this host (``UNISON_LOCAL_SIZE``),
+    ``hosts`` hosts as the mesh sees them: how many segments this rank created, its
+    routes, the files left once init returned, and an all-reduce against the oracle."""
+    from unison.transport import shm_segment
+    from unison.world import current
+
+    r, size = int(os.environ["UNISON_RANK"]), int(os.environ["UNISON_SIZE"])
+    os.environ["UNISON_HOST_ID"] = f"host-{r * hosts // size}"
+    made: list[str] = []  # where each segment was made: on a thread of its own or not
+    main = threading.main_thread()
+    create = shm_segment.Segment.create.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, *args: object, **kwargs: object) -> object:
+        seg = create(cls, *args, **kwargs)
+        made.append("early" if threading.current_thread() is not main else "in set-up")
+        return seg
+
+    shm_segment.Segment.create = classmethod(counted)  # type: ignore[method-assign,assignment]
+    un.init()
+    # this rank's own files (a rank of the other host may still be setting up its own)
+    files = [f for f in _leftovers(os.environ["UNISON_JOB_ID"]) if f"-r{r}-" in f]
+    x = np.full(1000, r + 1.0)
+    un.all_reduce(x)
+    rt = current()
+    return {
+        "made": made,
+        "files": files,
+        "routes": sorted({t.name for t in rt.fabric.route.values()}),
+        "sum": bool(np.all(x == size * (size + 1) / 2)),
+    }
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "hosts,made,routes",
+    [(1, ["early"], ["shm"]), (2, ["early", "in set-up"], ["shm", "tcp"])],
+)
+def test_segment_made_while_connecting(hosts: int, made: list[str], routes: list[str]) -> None:
+    """The launcher's word that every rank is local starts the segment before the mesh
+    connects; init uses it where the mesh agrees (one segment made), and where the
+    ranks turn out to span hosts it removes it at once and makes the right one."""
+    job = f"test-{secrets.token_hex(4)}"
+    env = {"UNISON_LOCAL_SIZE": "4", "UNISON_JOB_ID": job, "UNISON_TIMEOUT": "30"}
+    outs = run_ranks(_early_segment, 4, args=(hosts,), env=env, init=False)
+    assert all(o.ok for o in outs), "\n".join(o.describe() for o in outs if not o.ok)
+    for o in outs:
+        assert o.value == {"made": made, "files": [], "routes": routes, "sum": True}
+    assert _leftovers(job) == []
+
+
+def _init_without_store() -> tuple[str, list[str]]:
+    """init that fails on the store after the segment was started: the error, and the
+    files left (looked at here: the test harness removes a job's files after it)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        un.init(store_addr=f"127.0.0.1:{port}", timeout=1.0)
+    except Exception as exc:
+        mine = f"-r{os.environ['UNISON_RANK']}-"
+        return type(exc).__name__, [f for f in _leftovers(os.environ["UNISON_JOB_ID"]) if mine in f]
+    return "", []
+
+
+@pytest.mark.timeout(60)
+def test_segment_made_early_is_removed_when_init_fails() -> None:
+    job = f"test-{secrets.token_hex(4)}"
+    env = {"UNISON_LOCAL_SIZE": "2", "UNISON_JOB_ID": job}
+    outs = run_ranks(_init_without_store, 2, env=env, init=False)
+    assert [o.value for o in outs] == [("StoreTimeoutError", [])] * 2
 
 
 def _grid(algo: str) -> int:

@@ -39,7 +39,7 @@ from ...transport.base import Events
 from ...transport.seqslot import SeqSlots, region_bytes
 from ...transport.shm import ShmTransport
 from ...transport.shm_ring import Ring
-from ...transport.shm_segment import Segment, layout_of
+from ...transport.shm_segment import Layout, Segment, layout_of
 from ...transport.tcp import TcpTransport
 from .setup_exchange import ACK, GROUP_ARENA, HELLO, Posted, SetupExchange
 
@@ -149,6 +149,65 @@ class PartAllocation:
         self._done.wait()
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Where a rank's segment holds what: the rings (``layout``), then at its slot offset
+    the world arena's slot, the small-message slot regions and the sub-group arenas."""
+
+    layout: Layout
+    slot_bytes: int
+    small_off: int
+    small_len: int
+    garena_off: int
+    garena_len: int
+
+    def create(self, rank: int) -> Segment:
+        """This rank's segment, with the rings and the small-message slots allocated (the
+        world arena's slot and the sub-group arenas are allocated when their group is
+        made: unused ones cost no /dev/shm)."""
+        at = self.layout.slot_offset
+        now = [(0, at), (at + self.small_off, self.small_len)]
+        return Segment.create(os.environ.get(ENV_JOB_ID, ""), rank, self.layout.size, now)
+
+
+class _EarlySegment:
+    """A segment being created on a thread of its own (:meth:`ShmSetup.prepare`)."""
+
+    def __init__(self, plan: _Plan, rank: int) -> None:
+        self.plan = plan
+        self._rank = rank
+        self._seg: Segment | None = None
+        self._error: OSError | None = None
+        self._done = threading.Event()
+        # not threading.Thread.start(), which waits until the new thread runs (a
+        # scheduling round trip on a busy host, paid by init for a thread it need not wait for)
+        _thread.start_new_thread(self._run, ())
+
+    def _run(self) -> None:
+        try:
+            self._seg = self.plan.create(self._rank)
+        except OSError as exc:
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def take(self) -> Segment:
+        """The segment, once created (raises the ``OSError`` that prevented it)."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._seg is not None
+        return self._seg
+
+    def discard(self) -> None:
+        """Remove the segment, once created (nothing maps it yet)."""
+        self._done.wait()
+        if self._seg is not None:
+            self._seg.unlink()
+            self._seg.close()
+            self._seg = None
+
+
 class ShmSetup:
     """This rank's shared memory with its same-host peers."""
 
@@ -181,6 +240,7 @@ class ShmSetup:
         self._own: Segment | None = None  # this rank's segment (it allocates its pages)
         self._garena_at = 0  # where the sub-group arenas start in it
         self._token = np.frombuffer(secrets.token_bytes(16), np.uint8).copy()
+        self._early: _EarlySegment | None = None  # the segment prepare() is creating
 
     @property
     def segment(self) -> Segment | None:
@@ -199,6 +259,31 @@ class ShmSetup:
         :data:`Allocator` that raises ``OSError`` where there is no room)."""
         self._allocate = allocate
 
+    def _plan(self, local: list[int]) -> _Plan:
+        """Where this rank's segment for the same-host peers ``local`` holds what."""
+        slot_bytes = shm_arena.SLOT_BYTES  # read at set-up: tests shrink it
+        small = self.config.small_bytes
+        small_off = (slot_bytes + 63) // 64 * 64  # after the arena's slot
+        # small-message slot regions per rank: one for the world (group 0) and a smaller one
+        # for each of the first sub-groups (ids 1 .. group_slots - 1); later groups take the
+        # general path
+        world_nb, group_nb = slot_regions(small)
+        small_len = world_nb + group_nb * (self.config.group_slots - 1)
+        # after them, the sub-groups' arenas (their rounds sync on the sub-group's slots)
+        garena_off = small_off + (small_len + 63) // 64 * 64
+        garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
+        layout = layout_of(local, RING_BYTES, garena_off + garena_len)
+        return _Plan(layout, slot_bytes, small_off, small_len, garena_off, garena_len)
+
+    def prepare(self, local: list[int]) -> None:
+        """Start creating this rank's segment for the same-host peers ``local`` that the
+        job's launcher announced, on a thread of its own: allocating its pages takes about
+        a millisecond, which the rendezvous and the mesh, mostly waiting on round trips,
+        then hide. :meth:`connect` takes it where the mesh found those peers on this
+        host, and discards it otherwise."""
+        if self._early is None and local:
+            self._early = _EarlySegment(self._plan(local), self.rank)
+
     def connect(
         self,
         local: list[int],
@@ -212,29 +297,19 @@ class ShmSetup:
         ranks did, and what each peer noted. ``want``: make a segment at all;
         ``forced``: every peer must be mapped; ``note``: what this rank tells every peer
         in its ack (the fabric's summary: it needs no exchange of its own)."""
-        seg: Segment | None = None
-        slot_bytes = shm_arena.SLOT_BYTES  # read at set-up: tests shrink it
-        small = self.config.small_bytes
-        small_off = (slot_bytes + 63) // 64 * 64  # after the arena's slot
-        # small-message slot regions per rank: one for the world (group 0) and a smaller one
-        # for each of the first sub-groups (ids 1 .. group_slots - 1); later groups take the
-        # general path
-        world_nb, group_nb = slot_regions(small)
-        small_len = world_nb + group_nb * (self.config.group_slots - 1)
-        # after them, the sub-groups' arenas (their rounds sync on the sub-group's slots)
-        garena_off = small_off + (small_len + 63) // 64 * 64
-        garena_len = self._garena_bytes() * (self.config.group_slots - 1) if small_len else 0
-        layout = layout_of(local, RING_BYTES, garena_off + garena_len)
-        # allocated now: the rings and the small-message slots; the world arena's slot is
-        # allocated on a thread as the world is made, and the sub-group arenas are
-        # mapped but allocated only when a group is made (group_arena): unused ones cost
-        # no /dev/shm
+        plan = self._plan(local)
+        layout, small_len, garena_len = plan.layout, plan.small_len, plan.garena_len
+        slot_bytes, small_off, garena_off = plan.slot_bytes, plan.small_off, plan.garena_off
         self._garena_at = layout.slot_offset + garena_off
         self._world_at, self._world_nb = layout.slot_offset, slot_bytes
-        now = [(0, layout.slot_offset), (layout.slot_offset + small_off, small_len)]
+        seg: Segment | None = None
+        early, self._early = self._early, None
+        if early is not None and (not want or early.plan != plan):
+            early.discard()  # made for another set of peers (or none is wanted)
+            early = None
         if want:
             try:
-                seg = Segment.create(os.environ.get(ENV_JOB_ID, ""), self.rank, layout.size, now)
+                seg = early.take() if early is not None else plan.create(self.rank)
                 self._segs.append(seg)
                 self._own = seg
             except OSError as exc:
@@ -456,6 +531,9 @@ class ShmSetup:
     def close(self) -> None:
         """Release the arenas and unmap every segment (after the transports closed)."""
         self.finish_allocations()
+        early, self._early = self._early, None
+        if early is not None:  # start-up failed before the shared memory was set up
+            early.discard()
         if self.arena is not None:
             self.arena.release()
             self.arena = None
