@@ -44,6 +44,7 @@ __all__ = [
     "FAILURE_KEY",
     "JobInfo",
     "detect_job",
+    "launcher_layout",
     "expand_nodelist",
     "failure_record",
     "parse_failure_record",
@@ -431,6 +432,27 @@ def from_slurm(env: Mapping[str, str]) -> JobInfo | None:
     )
 
 
+#: the launchers' conventions, in the order a process's job is looked for
+_CONVENTIONS = (_from_unison, _from_torchrun, from_openmpi, from_pmi, from_slurm)
+
+
+def launcher_layout(env: Mapping[str, str], rank: int, size: int) -> tuple[int | None, int | None]:
+    """(local_rank, local_size) as this process's launcher announced them (``unison
+    run``, torchrun, Open MPI, MPICH, Slurm), for a process that learnt its rank and size
+    elsewhere (torch.distributed's backend constructor): (None, None) where no launcher
+    announced this very rank and size, or its variables do not parse."""
+    for convention in _CONVENTIONS:
+        try:
+            info = convention(env)
+        except InvalidArgumentError:
+            continue
+        if info is not None:
+            if (info.rank, info.size) == (rank, size):
+                return info.local_rank, info.local_size
+            break
+    return None, None
+
+
 def detect_job(
     env: Mapping[str, str] | None = None,
     *,
@@ -442,7 +464,7 @@ def detect_job(
     """This process's :class:`JobInfo`, from explicit arguments or ``env`` (os.environ)."""
     env = os.environ if env is None else env
     info: JobInfo | None = None
-    for convention in (_from_unison, _from_torchrun, from_openmpi, from_pmi, from_slurm):
+    for convention in _CONVENTIONS:
         info = convention(env)
         if info is not None:
             break

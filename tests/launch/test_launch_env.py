@@ -13,6 +13,7 @@ from unison.jobenv import (
     detect_job,
     expand_nodelist,
     failure_record,
+    launcher_layout,
     parse_failure_record,
     parse_store_addr,
     slurm_store_port,
@@ -100,6 +101,20 @@ def test_torchrun(caplog: pytest.LogCaptureFixture) -> None:
     assert other.secret == info.secret and not other.host_store and other.cross_rank == 1
     # a different job gets a different secret
     assert detect_job({**env, "TORCHELASTIC_RUN_ID": "xyz"}).secret != info.secret
+
+
+def test_launcher_layout_for_a_rank_known_elsewhere() -> None:
+    """torch's backend constructor knows its rank and size; the launcher's variables say
+    how many ranks share this host, only where they describe that very rank."""
+    torchrun = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert launcher_layout(torchrun, 1, 4) == (1, 2)
+    assert launcher_layout(torchrun, 0, 4) == (None, None)  # another rank's variables
+    assert launcher_layout(torchrun, 1, 2) == (None, None)
+    unison_run = {"UNISON_RANK": "0", "UNISON_SIZE": "2", "UNISON_LOCAL_RANK": "0",
+                  "UNISON_LOCAL_SIZE": "2", **torchrun}  # fmt: skip
+    assert launcher_layout(unison_run, 0, 2) == (0, 2)  # unison's own come first
+    assert launcher_layout({}, 0, 2) == (None, None)
+    assert launcher_layout({**torchrun, "WORLD_SIZE": "four"}, 1, 4) == (None, None)
 
 
 def test_torchrun_agent_store_uses_next_port() -> None:

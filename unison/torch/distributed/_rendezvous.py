@@ -16,7 +16,7 @@ from ...backends.native import runtime as _rt
 from ...comm.group import Group
 from ...config import ENV_JOB_ID, Config, load_config
 from ...errors import InvalidArgumentError
-from ...jobenv import JobInfo
+from ...jobenv import JobInfo, launcher_layout
 from ...log import configure, set_rank
 from ...store import Store
 from ...transport.shm_segment import cleanup_orphans
@@ -85,11 +85,14 @@ def join(store: Any, rank: int, size: int, timeout: timedelta) -> _rt.Runtime:
             cfg = cfg.replace(timeout=timeout.total_seconds())
         ustore = TorchStore(store, cfg.timeout)
         key = job_secret(ustore, rank, cfg.timeout)
+        # the launcher's word on this host's ranks (torchrun's LOCAL_WORLD_SIZE, ...), where
+        # it launched this rank: the runtime then prepares shared memory while connecting
+        local_rank, local_size = launcher_layout(os.environ, rank, size)
         job = JobInfo(
             rank=rank,
             size=size,
-            local_rank=None,
-            local_size=None,
+            local_rank=local_rank,
+            local_size=local_size,
             cross_rank=None,
             cross_size=None,
             store_addr=None,
