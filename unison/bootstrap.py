@@ -29,9 +29,15 @@ from .errors import (
 from .log import get_logger
 from .store import Store
 from .transport.base import PeerInfo
-from .transport.handshake import accept_handshake, connect_handshake, job_digest
+from .transport.handshake import (
+    accept_handshake,
+    connect_handshake,
+    finish_handshake,
+    job_digest,
+    send_hello,
+)
 
-__all__ = ["CANCEL_KEY", "advertise_address", "connect_mesh", "host_identity"]
+__all__ = ["CANCEL_KEY", "advertise_address", "connect_mesh", "connect_peers", "host_identity"]
 
 log = get_logger("bootstrap")
 #: unfinished handshakes on the peer port at once; further connections are closed
@@ -119,6 +125,54 @@ def _connect(
             cancelled()
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+
+def connect_peers(
+    infos: dict[int, PeerInfo],
+    peers: list[int],
+    secret: bytes,
+    job: bytes,
+    rank: int,
+    deadline: float,
+    cancelled: Callable[[], None],
+) -> dict[int, socket.socket]:
+    """Connect and authenticate to every one of ``peers``: hello to all of them first,
+    then each handshake finished in turn, so the peers compute their answers at once
+    instead of one after another; a peer whose first try failed (its listener busy) is
+    retried as :func:`_connect` retries."""
+    started: dict[int, tuple[socket.socket, bytes]] = {}
+    done: dict[int, socket.socket] = {}
+    try:
+        for peer in peers:
+            sock = None
+            try:
+                sock = socket.create_connection((infos[peer].addr, infos[peer].port), timeout=10)
+                started[peer] = (sock, send_hello(sock, job, rank))
+            except OSError:
+                if sock is not None:
+                    sock.close()
+        for peer in peers:
+            first = started.pop(peer, None)
+            if first is not None:
+                sock, nonce = first
+                try:
+                    limit = min(deadline, time.monotonic() + 10)
+                    finish_handshake(sock, secret, job, rank, peer, nonce, limit)
+                    done[peer] = sock
+                    continue
+                except AuthenticationError:
+                    sock.close()
+                    raise
+                except (OSError, struct.error):
+                    sock.close()
+            done[peer] = _connect(infos[peer], secret, job, rank, deadline, cancelled)
+    except BaseException:
+        for sock, _ in started.values():
+            sock.close()
+        for sock in done.values():
+            sock.close()
+        raise
+    return done
 
 
 def connect_mesh(
@@ -240,8 +294,9 @@ def connect_mesh(
                             ranks=[peer],
                         ) from None
             infos[peer] = PeerInfo(**json.loads(raw))
-        for peer in range(rank):
-            adopt(peer, _connect(infos[peer], secret, job, rank, deadline, cancelled))
+        lower = connect_peers(infos, list(range(rank)), secret, job, rank, deadline, cancelled)
+        for peer, sock in lower.items():
+            adopt(peer, sock)
         while True:
             with cond:
                 if len(accepted) == len(expected):

@@ -20,7 +20,13 @@ import time
 
 from ..errors import AuthenticationError
 
-__all__ = ["accept_handshake", "connect_handshake", "job_digest"]
+__all__ = [
+    "accept_handshake",
+    "connect_handshake",
+    "finish_handshake",
+    "job_digest",
+    "send_hello",
+]
 
 _MAGIC = b"UNH1"
 _HELLO = struct.Struct("<4s16sI16s")
@@ -61,8 +67,29 @@ def connect_handshake(
     peer_rank: int,
     deadline: float,
 ) -> None:
+    nonce_c = send_hello(sock, job, my_rank)
+    finish_handshake(sock, secret, job, my_rank, peer_rank, nonce_c, deadline)
+
+
+def send_hello(sock: socket.socket, job: bytes, my_rank: int) -> bytes:
+    """The connector's first message (its fresh nonce returned): a connector with several
+    peers says hello to all of them before it finishes any (:func:`finish_handshake`),
+    so their answers are computed at once instead of one after another."""
     nonce_c = secrets.token_bytes(16)
     sock.sendall(_HELLO.pack(_MAGIC, job, my_rank, nonce_c))
+    return nonce_c
+
+
+def finish_handshake(
+    sock: socket.socket,
+    secret: bytes,
+    job: bytes,
+    my_rank: int,
+    peer_rank: int,
+    nonce_c: bytes,
+    deadline: float,
+) -> None:
+    """The connector's part after :func:`send_hello`: check the acceptor's proof, send ours."""
     rank_a, nonce_a, mac_a = _REPLY.unpack(_recv_exact(sock, _REPLY.size, deadline))
     ranks = struct.pack("<II", rank_a, my_rank)
     expect = _mac(secret, b"acc", nonce_c, nonce_a, job, ranks)
