@@ -26,6 +26,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -56,6 +58,8 @@ __all__ = [
 ]
 
 log = get_logger("fabric")
+
+T = TypeVar("T")
 
 #: bytes of each shared-memory ring (one per ordered pair of same-host ranks)
 RING_BYTES = 1 << 19
@@ -100,6 +104,40 @@ def reserve(seg: Segment, offset: int, length: int, what: str) -> None:
     seg.reserve(offset, length, what)
 
 
+class Background(Generic[T]):
+    """``work()`` run on a thread of its own, and what it returned or raised.
+
+    The thread is started without ``threading.Thread.start()``, which waits until the
+    new thread runs: on a host whose cores are all busy that wait is a scheduling round
+    trip (milliseconds) in ``init`` or ``new_group``, for work nothing waits for there."""
+
+    def __init__(self, work: Callable[[], T]) -> None:
+        self._work = work
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        _thread.start_new_thread(self._run, ())
+
+    def _run(self) -> None:
+        try:
+            self._value = self._work()
+        except BaseException as exc:  # given to whoever asks for the result
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the work ended (False: ``timeout`` passed first)."""
+        return self._done.wait(timeout)
+
+    def result(self) -> T:
+        """What the work returned, once it ended; raises what it raised."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
 class PartAllocation:
     """This rank's part of a group's arena, allocated on a thread of its own: reserving
     every page up front takes milliseconds, which would otherwise be spent in ``init``
@@ -113,40 +151,26 @@ class PartAllocation:
         self.ok = False
         self.why = ""  # why this rank's part could not be allocated
         self._allocate, self._tell = allocate, tell
-        self._posted: Posted | None = None
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        # started without threading.Thread.start(), which waits until the new thread
-        # runs: on a host whose cores are all busy that wait is a scheduling round trip
-        # (milliseconds) in init or new_group, for a thread nothing waits for there
-        _thread.start_new_thread(self._run, ())
+        self._thread = Background(self._run)
 
-    def _run(self) -> None:
-        try:
-            self.why = self._allocate()
-            self.ok = not self.why
-            self._posted = self._tell(self.ok)
-        except BaseException as exc:  # the transport closed under it: result() says so
-            self._error = exc
-        finally:
-            self._done.set()
+    def _run(self) -> Posted:
+        self.why = self._allocate()
+        self.ok = not self.why
+        return self._tell(self.ok)  # raises where the transport closed under it
 
     def result(self, deadline: float, op: str) -> Posted:
         """The exchange with the peers, once this rank's part is allocated (or not) and
         its answer sent; raises what the thread met, or a timeout at ``deadline``."""
-        if not self._done.wait(max(0.0, deadline - time.monotonic())):
+        if not self._thread.wait(max(0.0, deadline - time.monotonic())):
             raise CollectiveTimeoutError(
                 f"{op}: this rank's part of the group's shared arena was not allocated in time",
                 op=op,
             )
-        if self._error is not None:
-            raise self._error
-        assert self._posted is not None
-        return self._posted
+        return self._thread.result()
 
     def join(self) -> None:
         """Wait for the thread (it runs for milliseconds)."""
-        self._done.wait()
+        self._thread.wait()
 
 
 @dataclass(frozen=True)
@@ -175,37 +199,20 @@ class _EarlySegment:
 
     def __init__(self, plan: _Plan, rank: int) -> None:
         self.plan = plan
-        self._rank = rank
-        self._seg: Segment | None = None
-        self._error: OSError | None = None
-        self._done = threading.Event()
-        # not threading.Thread.start(), which waits until the new thread runs (a
-        # scheduling round trip on a busy host, paid by init for a thread it need not wait for)
-        _thread.start_new_thread(self._run, ())
-
-    def _run(self) -> None:
-        try:
-            self._seg = self.plan.create(self._rank)
-        except OSError as exc:
-            self._error = exc
-        finally:
-            self._done.set()
+        self._made = Background(partial(plan.create, rank))
 
     def take(self) -> Segment:
         """The segment, once created (raises the ``OSError`` that prevented it)."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._seg is not None
-        return self._seg
+        return self._made.result()
 
     def discard(self) -> None:
         """Remove the segment, once created (nothing maps it yet)."""
-        self._done.wait()
-        if self._seg is not None:
-            self._seg.unlink()
-            self._seg.close()
-            self._seg = None
+        try:
+            seg = self._made.result()
+        except Exception:  # none was made (connect() says why where it wants one)
+            return
+        seg.unlink()
+        seg.close()
 
 
 class ShmSetup:
