@@ -161,6 +161,48 @@ def test_root_mismatch_between_agreeing_pairs_fails_fast_naming_the_call(kind: s
             assert "root=0" in text and "root=2" in text and "check" not in text, text
 
 
+def _told_before_calling() -> str:
+    """Rank 0 hears that rank 1 failed reduce #1 of a new group before rank 0 calls it
+    (delivered here as rank 0's transport would: the news itself lost on its way to rank
+    1, as when its origin's goodbye overtakes it). Rank 0 stays alive afterwards, so rank
+    1 cannot learn anything from a goodbye."""
+    from unison.world import current
+
+    g = un.new_group([0, 1])
+    x = np.ones(4, np.float32)
+    if un.rank() == 0:
+        info: dict[str, object] = {
+            "group": g.id,
+            "seq": 1,
+            "kind": "mismatch",
+            "op": "reduce",
+            "message": "mismatched collective at reduce #1 (told)",
+            "origin": 1,
+        }
+        current().fabric.events.abort(1, info)  # type: ignore[attr-defined]
+        try:
+            un.reduce(x, dst=0, group=g)
+        except un.MismatchError as exc:
+            time.sleep(4)
+            return type(exc).__name__
+        return "no error"
+    start = time.monotonic()
+    try:
+        un.reduce(x, dst=0, group=g)
+    except un.CommunicationError as exc:
+        return f"{type(exc).__name__} after {time.monotonic() - start:.0f} s: {exc}"
+    return "no error"
+
+
+def test_a_call_failed_before_it_started_passes_the_news_on() -> None:
+    """A rank that learns of a call's failure before it makes the call fails it at once
+    and tells the others, as for a failure met during the call: the peer waiting in the
+    call hears the mismatch, not a timeout or (after the rank left) its goodbye."""
+    outs = spawn(_told_before_calling, 2, env={"UNISON_TIMEOUT": "15"}, timeout=60)
+    assert outs[0] == "MismatchError"
+    assert outs[1].startswith("MismatchError after 0 s") and "(told)" in outs[1], outs[1]
+
+
 def _splits_disagree() -> str:
     """Rank 0's splits say it sends itself nothing but expects 4 elements from itself."""
     r = un.rank()

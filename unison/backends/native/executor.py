@@ -183,11 +183,18 @@ class Executor:
                 return partial(work.finish, error=failed)
         ctx = self.context(seq, me, op, sig, time.monotonic() + cfg.timeout)
         with self._lock:
-            early = self._broken_error(ctx) or self._early_aborts.pop(seq, None)
+            broken = self._broken_error(ctx)
+            told = None if broken is not None else self._early_aborts.pop(seq, None)
+            early = broken or told
             if early is None:
                 self._inflight[seq] = ctx
             else:
                 self._done = max(self._done, seq)
+        if told is not None:
+            # another rank failed this call before it started here: pass the news on, as
+            # for a failure met during the call, before this rank can leave (a peer may
+            # otherwise hear this rank's goodbye before the news from its origin)
+            self.fail(ctx, told)
         if early is not None:
             return partial(work.finish, error=early)
         kept = False  # a batched call the root keeps in flight until its receipt
