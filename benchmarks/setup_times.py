@@ -8,12 +8,13 @@ all three alike: unison's own API through the launcher's rendezvous store first 
 agrees, outside its timed parts, the ports of the repetition's ``tcp://`` stores), then
 torch.distributed with the backends ``"unison"`` and ``"gloo"``, in an order that
 alternates between repetitions, each over a fresh ``TCPStore`` on rank 0 that every
-rank connected to before the timed part, which the ranks start together. Every part is timed
-on every rank; a repetition's figure is the slowest rank's. Prints, on rank 0, the
-median and minimum of each part over the repetitions after the first (the first pays
-first-use work; it is shown apart), and the process's very first ``unison.init``
-(imports, reading the host's link model: set ``UNISON_LINK_CACHE`` to an empty
-directory to time a host never calibrated). A benchmark, not a test: run it on a
+rank connected to before the timed part, which the ranks start together. Every part is
+timed on every rank; a repetition's figure is the slowest rank's. unison's own ``init``
+is timed from the moment the last rank entered it (the ranks do not start it together).
+Prints, on rank 0, the median and minimum of each part over the repetitions after the
+first (the first pays first-use work; it is shown apart), and the process's very first
+``unison.init`` (imports, reading the host's link model: set ``UNISON_LINK_CACHE`` to an
+empty directory to time a host never calibrated). A benchmark, not a test: run it on a
 quiet machine.
 """
 
@@ -36,9 +37,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def native(ports: list[int]) -> Parts:
-    """unison.init, a new group of every rank, unison.shutdown; agrees the next ports."""
+def native(ports: list[int], starts: list[float]) -> Parts:
+    """unison.init, a new group of every rank, unison.shutdown; agrees the next ports.
+    Appends when this rank entered ``init`` to ``starts`` (the host's monotonic clock)."""
     t0 = time.perf_counter()
+    starts.append(t0)
     unison.init()
     t1 = time.perf_counter()
     unison.new_group(list(range(unison.size())))
@@ -95,7 +98,8 @@ def main() -> None:
     ports = unison.broadcast_object([_free_port(), _free_port()] if rank == 0 else None)
     unison.shutdown()
 
-    kinds: dict[str, Callable[[], Parts]] = {"unison": lambda: native(ports)}
+    starts: list[float] = []  # when this rank entered each repetition's unison.init
+    kinds: dict[str, Callable[[], Parts]] = {"unison": lambda: native(ports, starts)}
     if not args.no_c10d:
         kinds["c10d unison"] = lambda: c10d("unison", ports[0], rank, size)
         kinds["c10d gloo"] = lambda: c10d("gloo", ports[1], rank, size)
@@ -108,12 +112,20 @@ def main() -> None:
 
     # every rank's figures to rank 0 (one more set-up, untimed)
     unison.init()
-    every = unison.gather_object((first_init, rows), 0)
+    every = unison.gather_object((first_init, rows, starts), 0)
     unison.shutdown()
     if rank != 0 or every is None:
         return
-    firsts = [f for f, _ in every]
-    every = [r for _, r in every]
+    firsts = [f for f, _, _ in every]
+    # unison.init cannot end before the last rank has entered it, and the ranks enter it
+    # as each finishes the previous repetition: its time counts from the last rank's
+    # entry (one host: time.perf_counter() is the same clock in every process), as the
+    # torch set-ups start together
+    for i in range(args.reps):
+        last = max(st[i] for _, _, st in every)
+        for _, r, st in every:
+            r["unison"][i]["init"] -= last - st[i]
+    every = [r for _, r, _ in every]
     print(f"np={size}, {args.reps} repetitions; ms, slowest rank per repetition")
     print(f"the process's first unison.init: {max(firsts) * 1e3:.1f} ms")
     print("| set-up | part | first | median | min |\n|---|---|---|---|---|")
