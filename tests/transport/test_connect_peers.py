@@ -69,7 +69,7 @@ def test_every_peer_is_greeted_before_any_handshake_finishes() -> None:
         s.close()
 
 
-def test_a_wrong_secret_fails_and_leaves_no_socket_open() -> None:
+def test_a_wrong_secret_fails_the_connection() -> None:
     listeners, _ = _acceptors(2, together=False)
     with pytest.raises(AuthenticationError, match="failed the job-secret check"):
         connect_peers(
