@@ -247,6 +247,41 @@ def test_dead_peer_fails_every_survivor_promptly() -> None:
         assert o.ok, o.describe()
 
 
+def _lost_between_calls() -> str:
+    """After a barrier, rank 2 alone hears that rank 1 was lost (delivered as its
+    transport would on a closed connection), while no call is running there. Rank 1
+    stays alive, so rank 0 cannot learn of the loss itself, and rank 2 leaves as soon
+    as its next call is refused."""
+    from unison.world import current
+
+    r = un.rank()
+    un.barrier()
+    if r == 1:
+        time.sleep(4)
+        return "alive"
+    if r == 2:
+        current().fabric.events.peer_lost(1, "closed", False)  # type: ignore[attr-defined]
+        with pytest.raises(un.AbortedError, match="unusable"):
+            un.all_reduce(np.ones(16))
+        return "refused"
+    start = time.monotonic()
+    try:
+        un.all_reduce(np.ones(16))
+    except un.CommunicationError as exc:
+        took = time.monotonic() - start
+        return f"{type(exc).__name__} {exc.ranks} after {took:.0f} s: {exc}"
+    return "no error"
+
+
+def test_a_loss_heard_between_calls_is_passed_on() -> None:
+    """The rank that heard of the loss passes it on before it can leave: rank 0, waiting
+    in the all-reduce, names the lost rank, not the goodbye of the rank that told it."""
+    outs = spawn(_lost_between_calls, 3, env={"UNISON_TIMEOUT": "30"}, timeout=60)
+    assert outs[1:] == ["alive", "refused"], outs
+    assert outs[0].startswith("PeerLostError (1,) after 0 s: all_reduce #2"), outs[0]
+    assert "rank 1 was lost (closed) (as rank 2 saw it)" in outs[0], outs[0]
+
+
 def _silent() -> tuple[str, float]:
     r = un.rank()
     un.barrier()

@@ -71,7 +71,7 @@ def poll_work(
     translate: Callable[[BaseException], BaseException],
     done: Callable[[], Any] | None = None,
     block: Callable[[], Any] | None = None,
-    on_error: Callable[[BaseException], None] | None = None,
+    on_error: Callable[[BaseException], object] | None = None,
     source: Callable[[], int] | None = None,
 ) -> Work:
     """A Work over an engine request: ``test()`` says done (raising its error), ``done()``

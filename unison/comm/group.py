@@ -109,12 +109,14 @@ class Group:
         return f"<unison.Group {self.id} ranks={list(self.ranks)} rank={self.rank}>"
 
     # --- failure state -------------------------------------------------------------------
-    def mark_broken(self, exc: BaseException) -> None:
+    def mark_broken(self, exc: BaseException) -> bool:
         """An operation failed leaving the engine's state unknown: refuse later calls.
-        The first failure is kept."""
+        The first failure is kept; True if ``exc`` is it."""
         with self._lock:
             if self.broken is None:
                 self.broken = exc
+                return True
+            return False
 
     def retire(self, exc: BaseException) -> None:
         """The group's world was shut down: every later call is refused with ``exc``."""

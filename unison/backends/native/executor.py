@@ -622,11 +622,35 @@ class Executor:
                     return
 
     def peer_lost(self, exc: CommunicationError) -> None:
-        self.group.mark_broken(exc)
+        """A member's connection closed. The calls in flight here fail, and each passes
+        the news on as it fails (:meth:`fail`). With none in flight, the group's next
+        call is refused before it reaches this executor, so this rank passes the news on
+        now, as an abort of the next call: a member already waiting in it then hears
+        which rank was lost before it can hear this rank's goodbye, and names the lost
+        rank rather than this one."""
+        first = self.group.mark_broken(exc)
         with self._lock:
             running = list(self._inflight.values())
+            # a caller-thread call in progress fails, and tells, as it notices; the news
+            # here is then for the call after it
+            following = max(self._done, self._running) + 1
         for ctx in running:
             ctx.abort(exc)
+        if not first or running:
+            return
+        payload = json.dumps(
+            {
+                "group": self.id,
+                "seq": following,
+                "kind": "peer-lost",
+                "lost": list(exc.ranks),
+                "message": str(exc),
+                "origin": self.rt.rank,
+            }
+        ).encode()
+        for peer in self.ranks:
+            if peer != self.rt.rank and peer not in exc.ranks:
+                self.rt.send_control(peer, Control.ABORT, payload)
 
     def retire(self, why: str) -> None:
         """The group's world was shut down: name the reason in later refusals."""

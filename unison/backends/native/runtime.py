@@ -305,7 +305,15 @@ class Runtime:
             return
         text = str(info.get("message", "unknown failure"))
         exc: CommunicationError
-        if info.get("kind") == "mismatch":
+        lost = info.get("lost")
+        if info.get("kind") == "peer-lost" and isinstance(lost, list):
+            exc = PeerLostError(
+                f"{text} (as rank {origin} saw it)",
+                group=gid,
+                ranks=tuple(int(r) for r in lost if isinstance(r, int)),
+                remote=True,
+            )
+        elif info.get("kind") == "mismatch":
             op = info.get("op")
             exc = MismatchError(
                 text,
