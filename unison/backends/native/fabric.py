@@ -94,6 +94,18 @@ class Fabric:
         self.events.peer_lost(peer, reason, graceful)
 
     # --- set-up -------------------------------------------------------------------------
+    @property
+    def wants_shm(self) -> bool:
+        """Whether same-host peers are reached by shared memory (not with TCP forced)."""
+        return self.config.transport != "tcp"
+
+    def prepare(self, size: int, local_size: int | None) -> None:
+        """Before the mesh: where the launcher says all ``size`` ranks run on this host
+        (``local_size``), start making this rank's segment for all of them
+        (:meth:`ShmSetup.prepare`); :meth:`finish` takes it if the mesh agrees."""
+        if local_size == size and size > 1 and self.wants_shm:
+            self.shm_setup.prepare([r for r in range(size) if r != self.rank])
+
     def finish(self, infos: dict[int, PeerInfo]) -> None:
         """Choose the transport of every peer once all connections exist."""
         me = infos.get(self.rank)
@@ -110,14 +122,14 @@ class Fabric:
                 f"{self.rank}; use auto or tcp"
             )
         deadline = time.monotonic() + min(self.config.timeout, 120.0)
-        one_host = len(local) == len(peers) and mode != "tcp"
+        one_host = len(local) == len(peers) and self.wants_shm
         # only a job whose ranks all share memory uses the host's model: others read nothing
         cal = calibrate.load() if one_host else None  # never measures: the cache, else typical
         summary: dict[str, object] = {"model": cal.digest() if cal is not None else None}
         mapped = Mapped(set(), False, {})
         if local:
             mapped = self.shm_setup.connect(
-                local, deadline, want=mode != "tcp", forced=mode == "shm", note=summary
+                local, deadline, want=self.wants_shm, forced=mode == "shm", note=summary
             )
             if self.shm is not None:
                 self.transports.insert(0, self.shm)

@@ -93,10 +93,9 @@ class Runtime:
     def start(self) -> None:
         job, cfg = self.job, self.config
         if self.size > 1:
-            if job.local_size == self.size and cfg.transport != "tcp":
-                # the launcher says every rank runs on this host: this rank's shared
-                # memory is made while the rendezvous and the mesh wait on round trips
-                self.fabric.shm_setup.prepare([r for r in range(self.size) if r != self.rank])
+            # this rank's shared memory is made while the rendezvous and the mesh wait on
+            # round trips, where the launcher says every rank runs on this host
+            self.fabric.prepare(self.size, job.local_size)
             self.store = self._open_store()
             # an elastic round is its own rendezvous (ranks change between rounds)
             self.epoch = (
