@@ -305,53 +305,25 @@ class ShmSetup:
         ``forced``: every peer must be mapped; ``note``: what this rank tells every peer
         in its ack (the fabric's summary: it needs no exchange of its own)."""
         plan = self._plan(local)
-        layout, small_len, garena_len = plan.layout, plan.small_len, plan.garena_len
-        slot_bytes, small_off, garena_off = plan.slot_bytes, plan.small_off, plan.garena_off
-        self._garena_at = layout.slot_offset + garena_off
-        self._world_at, self._world_nb = layout.slot_offset, slot_bytes
-        seg: Segment | None = None
-        early, self._early = self._early, None
-        if early is not None and (not want or early.plan != plan):
-            early.discard()  # made for another set of peers (or none is wanted)
-            early = None
-        if want:
-            try:
-                seg = early.take() if early is not None else plan.create(self.rank)
-                self._segs.append(seg)
-                self._own = seg
-            except OSError as exc:
-                if forced:
-                    raise UnsupportedError(f"shared memory unavailable: {exc}") from None
-                log.info("no shared-memory segment (%s); using TCP", exc)
+        at = plan.layout.slot_offset
+        self._garena_at = at + plan.garena_off
+        self._world_at, self._world_nb = at, plan.slot_bytes
+        seg = self._own_segment(plan, want, forced)
         try:
             hello: dict[str, object] = {"ok": seg is not None, "pid": os.getpid()}
             if seg is not None:
                 hello.update(
                     path=seg.path,
-                    size=layout.size,
-                    ring=layout.rings,
-                    slot=layout.slot_offset,
-                    small=small_len,
-                    garena=garena_len,
+                    size=plan.layout.size,
+                    ring=plan.layout.rings,
+                    slot=at,
+                    small=plan.small_len,
+                    garena=plan.garena_len,
                     token=self._token.tobytes().hex(),
                     token_addr=self._token.ctypes.data,
                 )
             theirs = self.messages.exchange(local, HELLO, {p: hello for p in local}, deadline)
-            mapped: dict[int, Segment] = {}
-            for p in local:
-                h = theirs[p]
-                if seg is None or not h.get("ok"):
-                    continue
-                try:
-                    mapped[p] = Segment.attach(str(h["path"]), int(str(h["size"])))
-                except (OSError, KeyError, ValueError) as exc:
-                    log.warning("cannot map rank %d's segment: %s", p, exc)
-                    continue
-                self._segs.append(mapped[p])
-                if cma.probe(
-                    int(str(h["pid"])), int(str(h["token_addr"])), bytes.fromhex(str(h["token"]))
-                ):
-                    self.cma_pids[p] = int(str(h["pid"]))
+            mapped = self._map_peers(local, theirs) if seg is not None else {}
             ack = {"mapped": sorted(mapped), **note}
             acks = self.messages.exchange(
                 local, ACK, {p: {"ok": p in mapped, **ack} for p in local}, deadline
@@ -376,25 +348,61 @@ class ShmSetup:
         self.transport = shm  # from now on a lost peer is reported to it too
         shm.matcher.share_any_source(self.tcp.matcher)  # any-source sees every peer
         for p in sorted(shared):
-            inbound = Ring(seg, layout.rings[p], RING_BYTES)
+            inbound = Ring(seg, plan.layout.rings[p], RING_BYTES)
             outbound = Ring(mapped[p], ring_of_peer(theirs[p], self.rank), RING_BYTES)
             shm.add_peer(p, inbound, outbound, mapped[p])
         shm.start()
-        slots = {self.rank: seg.view(layout.slot_offset, slot_bytes)}
-        for p in shared:
-            slots[p] = mapped[p].view(int(str(theirs[p]["slot"])), slot_bytes)
-        self._slots = slots
-        if small_len and all(int(str(theirs[p].get("small", 0))) == small_len for p in shared):
-            self._small = {self.rank: seg.view(layout.slot_offset + small_off, small_len)}
-            for p in shared:
-                off = int(str(theirs[p]["slot"])) + small_off
-                self._small[p] = mapped[p].view(off, small_len)
-        if garena_len and all(int(str(theirs[p].get("garena", 0))) == garena_len for p in shared):
-            self._garena = {self.rank: seg.view(layout.slot_offset + garena_off, garena_len)}
-            for p in shared:
-                off = int(str(theirs[p]["slot"])) + garena_off
-                self._garena[p] = mapped[p].view(off, garena_len)
+        peers = {p: (mapped[p], int(str(theirs[p]["slot"]))) for p in shared}
+        self._slots = _region_views(self.rank, (seg, at), peers, 0, plan.slot_bytes)
+        if _agreed(theirs, shared, "small", plan.small_len):
+            self._small = _region_views(self.rank, (seg, at), peers, plan.small_off, plan.small_len)
+        if _agreed(theirs, shared, "garena", plan.garena_len):
+            self._garena = _region_views(
+                self.rank, (seg, at), peers, plan.garena_off, plan.garena_len
+            )
         return Mapped(shared, every_pair, notes)
+
+    def _own_segment(self, plan: _Plan, want: bool, forced: bool) -> Segment | None:
+        """This rank's segment: the one made early if it fits ``plan``, else a new one
+        (None: none wanted, or none could be made and shared memory is not ``forced``)."""
+        early, self._early = self._early, None
+        if early is not None and (not want or early.plan != plan):
+            early.discard()  # made for another set of peers (or none is wanted)
+            early = None
+        if not want:
+            return None
+        try:
+            seg = early.take() if early is not None else plan.create(self.rank)
+        except OSError as exc:
+            if forced:
+                raise UnsupportedError(f"shared memory unavailable: {exc}") from None
+            log.info("no shared-memory segment (%s); using TCP", exc)
+            return None
+        self._segs.append(seg)
+        self._own = seg
+        return seg
+
+    def _map_peers(
+        self, local: list[int], theirs: dict[int, dict[str, object]]
+    ) -> dict[int, Segment]:
+        """Map the segment of every peer whose hello offers one, and note the peers whose
+        memory this process can also read directly (CMA)."""
+        mapped: dict[int, Segment] = {}
+        for p in local:
+            h = theirs[p]
+            if not h.get("ok"):
+                continue
+            try:
+                mapped[p] = Segment.attach(str(h["path"]), int(str(h["size"])))
+            except (OSError, KeyError, ValueError) as exc:
+                log.warning("cannot map rank %d's segment: %s", p, exc)
+                continue
+            self._segs.append(mapped[p])
+            if cma.probe(
+                int(str(h["pid"])), int(str(h["token_addr"])), bytes.fromhex(str(h["token"]))
+            ):
+                self.cma_pids[p] = int(str(h["pid"]))
+        return mapped
 
     def share_world(self, size: int) -> None:
         """Every one of the ``size`` ranks reaches every other by shared memory (the
@@ -554,6 +562,24 @@ class ShmSetup:
             seg.unlink()
             seg.close()
         self._own = None
+
+
+def _region_views(
+    rank: int, own: tuple[Segment, int], peers: dict[int, tuple[Segment, int]], off: int, nb: int
+) -> dict[int, memoryview]:
+    """Rank -> the ``nb`` bytes at ``off`` past its slot offset: for this ``rank`` in
+    its ``own`` segment, and for each peer in its segment as mapped here (each with the
+    segment's slot offset)."""
+    views = {rank: own[0].view(own[1] + off, nb)}
+    for p, (seg, at) in peers.items():
+        views[p] = seg.view(at + off, nb)
+    return views
+
+
+def _agreed(theirs: dict[int, dict[str, object]], shared: set[int], key: str, nb: int) -> bool:
+    """Whether this rank has a region ``key`` of ``nb`` bytes and every shared peer's
+    hello announced one of the same size."""
+    return bool(nb) and all(int(str(theirs[p].get(key, 0))) == nb for p in shared)
 
 
 def _listed(ranks: object) -> set[int]:
