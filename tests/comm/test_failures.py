@@ -247,11 +247,12 @@ def test_dead_peer_fails_every_survivor_promptly() -> None:
         assert o.ok, o.describe()
 
 
-def _lost_between_calls() -> str:
+def _lost_between_calls(late: bool) -> str:
     """After a barrier, rank 2 alone hears that rank 1 was lost (delivered as its
     transport would on a closed connection), while no call is running there. Rank 1
     stays alive, so rank 0 cannot learn of the loss itself, and rank 2 leaves as soon
-    as its next call is refused."""
+    as its next call is refused. ``late``: rank 0 makes its call only after the news
+    has arrived."""
     from unison.world import current
 
     r = un.rank()
@@ -264,6 +265,8 @@ def _lost_between_calls() -> str:
         with pytest.raises(un.AbortedError, match="unusable"):
             un.all_reduce(np.ones(16))
         return "refused"
+    if late:
+        time.sleep(1)
     start = time.monotonic()
     try:
         un.all_reduce(np.ones(16))
@@ -273,10 +276,12 @@ def _lost_between_calls() -> str:
     return "no error"
 
 
-def test_a_loss_heard_between_calls_is_passed_on() -> None:
+@pytest.mark.parametrize("late", [False, True], ids=["waiting", "late"])
+def test_a_loss_heard_between_calls_is_passed_on(late: bool) -> None:
     """The rank that heard of the loss passes it on before it can leave: rank 0, waiting
-    in the all-reduce, names the lost rank, not the goodbye of the rank that told it."""
-    outs = spawn(_lost_between_calls, 3, env={"UNISON_TIMEOUT": "30"}, timeout=60)
+    in the all-reduce or entering it afterwards, names the call and the lost rank, not
+    the goodbye of the rank that told it."""
+    outs = spawn(_lost_between_calls, 3, args=(late,), env={"UNISON_TIMEOUT": "30"}, timeout=60)
     assert outs[1:] == ["alive", "refused"], outs
     assert outs[0].startswith("PeerLostError (1,) after 0 s: all_reduce #2"), outs[0]
     assert "rank 1 was lost (closed) (as rank 2 saw it)" in outs[0], outs[0]

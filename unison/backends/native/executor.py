@@ -194,6 +194,7 @@ class Executor:
             # another rank failed this call before it started here: pass the news on, as
             # for a failure met during the call, before this rank can leave (a peer may
             # otherwise hear this rank's goodbye before the news from its origin)
+            early = told = ctx.named(told) if isinstance(told, CommunicationError) else told
             self.fail(ctx, told)
         if early is not None:
             return partial(work.finish, error=early)
