@@ -8,6 +8,8 @@ allocate theirs takes the message-based algorithms."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 import unison as un
@@ -162,10 +164,10 @@ def _no_room_on_rank_0(arena: str) -> Allocator:
 
     me = int(os.environ["UNISON_RANK"])
 
-    def full(seg: Segment, offset: int, length: int, what: str) -> None:
+    def full(seg: Segment, offset: int, length: int, what: str, needs: int) -> None:
         if me == 0 and arena in what:
             raise OSError(28, "No space left on device")
-        reserve(seg, offset, length, what)
+        reserve(seg, offset, length, what, needs)
 
     return full
 
@@ -281,9 +283,9 @@ def _off_thread() -> list[object]:
     returned = threading.Event()
     saw: list[bool] = []
 
-    def late(seg: Segment, offset: int, length: int, what: str) -> None:
+    def late(seg: Segment, offset: int, length: int, what: str, needs: int) -> None:
         saw.append(returned.wait(10.0))
-        reserve(seg, offset, length, what)
+        reserve(seg, offset, length, what, needs)
 
     un.init()
     rt = current()
@@ -365,3 +367,30 @@ def _first_large_mismatched() -> list[object]:
 def test_first_large_world_collective_mismatched_is_a_mismatch_at_once() -> None:
     outs = spawn(_first_large_mismatched, 2, timeout=60, env={"UNISON_TIMEOUT": "20"})
     assert outs == [["MismatchError", True]] * 2, outs
+
+
+def _destroyed_at_once() -> list[object]:
+    """A group made and the runtime shut down at once, while this rank's part of the
+    group's arena is still being allocated (each step of it slowed to 0.3 s): shutdown
+    ends the allocation after the step in progress instead of waiting for all of it."""
+    from unison.backends.native.shm_setup import ALLOCATION_STEP, reserve
+    from unison.transport.shm_segment import Segment
+
+    steps: list[int] = []
+
+    def slow(seg: Segment, offset: int, length: int, what: str, needs: int) -> None:
+        steps.append(length)
+        time.sleep(0.3)
+        reserve(seg, offset, length, what, needs)
+
+    un.init()
+    current().fabric.shm_setup.set_allocator(slow)  # type: ignore[attr-defined]
+    un.new_group([0, 1])
+    un.shutdown()
+    return [len(steps), ARENA // ALLOCATION_STEP]
+
+
+def test_shutdown_ends_an_arena_allocation_after_its_current_step() -> None:
+    env = {"UNISON_TIMEOUT": "60", "UNISON_GROUP_ARENA_BYTES": str(8 * ARENA)}
+    for r, (took, steps) in enumerate(spawn(_destroyed_at_once, 2, timeout=120, env=env)):
+        assert 1 <= took < 8 * steps, (r, took, steps)

@@ -219,12 +219,15 @@ class Segment:
     def view(self, offset: int, length: int) -> memoryview:
         return memoryview(self.mm)[offset : offset + length]
 
-    def reserve(self, offset: int, length: int, what: str = "segment") -> None:
+    def reserve(
+        self, offset: int, length: int, what: str = "segment", needs: int | None = None
+    ) -> None:
         """Allocate ``length`` bytes from ``offset`` (the owner only; OSError when
-        /dev/shm has no room); nothing in the range may be touched before this succeeded."""
+        /dev/shm has no room, naming ``needs`` bytes, default ``length``); nothing in the
+        range may be touched before this succeeded."""
         if self.fd < 0:
             raise OSError(f"{self.path}: only its owner can allocate its pages")
-        reserve(self.fd, length, offset=offset, what=what)
+        reserve(self.fd, length, offset=offset, what=what, needs=needs)
 
     def close(self) -> None:
         """Close the owner's file (the mapping stays valid)."""

@@ -233,7 +233,7 @@ class Fabric:
             t.forget(group, seq)
 
     def close(self) -> None:
-        self.shm_setup.finish_allocations()  # their answers go out before the transports close
+        self.shm_setup.stop_allocations()  # their answers go out before the transports close
         for t in self.transports:  # shm first: its queued data goes out before GOODBYE
             t.close()
         self.shm_setup.close()

@@ -70,8 +70,13 @@ _GARENA_MIN = 4096  # a sub-group arena smaller than this is not worth its round
 #: through the group's arena, allocated only when the group is made
 GROUP_SLOT_BYTES = 64 << 10
 
-#: how a range of this rank's segment is allocated: (segment, offset, length, what)
-Allocator = Callable[[Segment, int, int, str], None]
+#: how a range of this rank's segment is allocated: (segment, offset, length, what,
+#: needs: the bytes of the whole allocation the range is part of, for its error)
+Allocator = Callable[[Segment, int, int, str, int], None]
+#: an arena part is allocated this many bytes at a time: closing the runtime while a
+#: group's part is still being allocated (a group made and destroyed at once) then
+#: waits for one step, not for the whole part
+ALLOCATION_STEP = 1 << 20
 
 
 def group_slot_bytes(small: int) -> int:
@@ -99,9 +104,9 @@ class Mapped:
     notes: dict[int, dict[str, object]]
 
 
-def reserve(seg: Segment, offset: int, length: int, what: str) -> None:
+def reserve(seg: Segment, offset: int, length: int, what: str, needs: int) -> None:
     """Allocate a range of this rank's segment (the default :data:`Allocator`)."""
-    seg.reserve(offset, length, what)
+    seg.reserve(offset, length, what, needs)
 
 
 class Background(Generic[T]):
@@ -147,14 +152,18 @@ class PartAllocation:
     never waits for this rank to reach one. Nothing of the arena is touched before
     :meth:`result` returned and every member said yes."""
 
-    def __init__(self, allocate: Callable[[], str], tell: Callable[[bool], Posted]) -> None:
+    def __init__(
+        self, allocate: Callable[[threading.Event], str], tell: Callable[[bool], Posted]
+    ) -> None:
         self.ok = False
         self.why = ""  # why this rank's part could not be allocated
         self._allocate, self._tell = allocate, tell
+        #: set by :meth:`stop`; ``allocate`` checks it between steps
+        self._stopping = threading.Event()
         self._thread = Background(self._run)
 
     def _run(self) -> Posted:
-        self.why = self._allocate()
+        self.why = self._allocate(self._stopping)
         self.ok = not self.why
         return self._tell(self.ok)  # raises where the transport closed under it
 
@@ -170,6 +179,12 @@ class PartAllocation:
 
     def join(self) -> None:
         """Wait for the thread (it runs for milliseconds)."""
+        self._thread.wait()
+
+    def stop(self) -> None:
+        """Leave the rest of the part unallocated (the runtime closes), and wait for the
+        step in progress."""
+        self._stopping.set()
         self._thread.wait()
 
 
@@ -491,11 +506,14 @@ class ShmSetup:
 
         reserve_part = self._allocate  # the allocator of when the group is made
 
-        def allocate() -> str:
+        def allocate(stopping: threading.Event) -> str:
             if own is None:
                 return "no segment of its own"
             try:
-                reserve_part(own, own_at, nb, what)
+                for at in range(0, nb, ALLOCATION_STEP):
+                    if stopping.is_set():
+                        return "closed before it was allocated"
+                    reserve_part(own, own_at + at, min(ALLOCATION_STEP, nb - at), what, nb)
             except OSError as exc:
                 return str(exc)
             return ""
@@ -537,15 +555,21 @@ class ShmSetup:
         return resolve
 
     def finish_allocations(self) -> None:
-        """Wait for the sub-group arena allocations still running (before the transports
-        and the segment's file close under them)."""
+        """Wait for the arena allocations still running."""
         for part in self._allocations:
             part.join()
         self._allocations.clear()
 
+    def stop_allocations(self) -> None:
+        """End the arena allocations still running after their current step (before the
+        transports and the segment's file close under them): nothing will use them."""
+        for part in self._allocations:
+            part.stop()
+        self._allocations.clear()
+
     def close(self) -> None:
         """Release the arenas and unmap every segment (after the transports closed)."""
-        self.finish_allocations()
+        self.stop_allocations()
         early, self._early = self._early, None
         if early is not None:  # start-up failed before the shared memory was set up
             early.discard()
