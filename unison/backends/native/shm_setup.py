@@ -147,9 +147,10 @@ class PartAllocation:
     """This rank's part of a group's arena, allocated on a thread of its own: reserving
     every page up front takes milliseconds, which would otherwise be spent in ``init``
     or ``new_group``. The thread allocates (``allocate(stopping)``: "" on success, else
-    why not; it ends early once ``stopping`` is set), then tells the peers (``tell(ok)``: the posted exchange), whatever this rank
-    does meanwhile: a peer that agrees on the arena before its first large collective
-    never waits for this rank to reach one. Nothing of the arena is touched before
+    why not; it ends early once ``stopping`` is set), then tells the peers
+    (``tell(ok)``: the posted exchange), whatever this rank does meanwhile: a peer that
+    agrees on the arena before its first large collective never waits for this rank to
+    reach one. Nothing of the arena is touched before
     :meth:`result` returned and every member said yes."""
 
     def __init__(
