@@ -191,3 +191,23 @@ def test_a_batch_receipt_names_its_calls_and_tells_them_apart() -> None:
     for seq in range(2, AHEAD_CALLS + 1):
         b.add(_Call(seq, 10))  # type: ignore[arg-type]
     assert b.full and not b.continued_by(_Call(99, 10).sig)
+
+
+def _root_leaves_first() -> str:
+    """Rank 1, the root, makes a batch's worth of broadcasts and shuts down at once;
+    rank 0 makes them later, so its receipt (sent as its last call fills the batch)
+    comes after rank 1 has begun to shut down."""
+    n = AHEAD_BYTES // 4 // AHEAD_CALLS * 4 + 1  # four calls fill the batch's bytes
+    x = np.full(n, 7.0, np.float32)
+    if un.rank() == 0:
+        time.sleep(1.0)
+        x[:] = -1
+    for _ in range(AHEAD_CALLS // 4):
+        un.broadcast(x, src=1)
+    return "ok" if (x == 7.0).all() else "wrong data"
+
+
+def test_a_root_that_shuts_down_waits_for_its_receivers_receipt() -> None:
+    """A root's shutdown ends its open batch as the batch's calls would have: it waits
+    for the receiver's receipt, so the receiver's last call does not find it gone."""
+    assert spawn(_root_leaves_first, 2, env=TCP, timeout=60) == ["ok", "ok"]
