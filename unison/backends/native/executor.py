@@ -28,7 +28,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -539,9 +539,7 @@ class Executor:
                     "origin": self.rt.rank,
                 }
             ).encode()
-        for peer in self.ranks:
-            if peer != self.rt.rank:
-                self.rt.send_control(peer, Control.ABORT, payload)
+        self._tell_members(payload)
 
     # --- failures reported by other ranks or the transport -----------------------------------
     def remote_abort(self, seq: int, exc: BaseException) -> None:
@@ -568,9 +566,7 @@ class Executor:
                 "doing": f"{ctx.name} {describe(ctx.data_sig)}",
             }
         ).encode()
-        for peer in self.ranks:
-            if peer != me:
-                self.rt.send_control(peer, Control.ABORT, payload)
+        self._tell_members(payload)
         grace = time.monotonic() + min(1.0, 0.25 * ctx.timeout)
         others = [r for r in self.ranks if r != me]
         with self._notice_cv:
@@ -649,8 +645,12 @@ class Executor:
                 "origin": self.rt.rank,
             }
         ).encode()
+        self._tell_members(payload, skip=exc.ranks)
+
+    def _tell_members(self, payload: bytes, skip: Sequence[int] = ()) -> None:
+        """Send ``payload`` (an ABORT control message) to every other member but ``skip``."""
         for peer in self.ranks:
-            if peer != self.rt.rank and peer not in exc.ranks:
+            if peer != self.rt.rank and peer not in skip:
                 self.rt.send_control(peer, Control.ABORT, payload)
 
     def retire(self, why: str) -> None:
