@@ -393,4 +393,5 @@ def _destroyed_at_once() -> list[object]:
 def test_shutdown_ends_an_arena_allocation_after_its_current_step() -> None:
     env = {"UNISON_TIMEOUT": "60", "UNISON_GROUP_ARENA_BYTES": str(8 * ARENA)}
     for r, (took, steps) in enumerate(spawn(_destroyed_at_once, 2, timeout=120, env=env)):
-        assert 1 <= took < 8 * steps, (r, took, steps)
+        # 0: shutdown came before the first step began; 8 * steps: it waited for all
+        assert took < 8 * steps, (r, took, steps)
