@@ -62,6 +62,8 @@ step floor4 python benchmarks/floor.py --np 4 --calls 5000
 # TCP on loopback: unison's TCP transport against Gloo and OpenMPI held to TCP
 step tcp2 env UNISON_TRANSPORT=tcp unison bench -np 2 --ops $OPS --sizes 8,64K,1M,16M \
   --compare gloo,mpi --json "$OUT/tcp2.json"
+# the floor under them: what one Python process on each side pushes through loopback TCP
+step tcp-floor python benchmarks/tcp_floor.py --sizes 8,64K,1M,16M
 # ... and the rooted collectives without the signature confirmation (desync detection's
 # extra exchange), to show what that promise costs on TCP
 step tcp2-nocheck env UNISON_TRANSPORT=tcp UNISON_CHECK_MISMATCH=0 unison bench -np 2 \
