@@ -1,6 +1,8 @@
 """Training step A/B in one job (issue 11, round 5): the Horovod API (DistributedOptimizer),
-DDP over Gloo, DDP over unison's c10d backend and compute alone (DDP under no_sync, a
-model of its own), interleaved step by step, on the benchmark's models. Per variant: wall
+DDP over Gloo, DDP over unison's c10d backend, DDP's own work ("ddp-local": a comm hook
+that divides each bucket and communicates nothing, so its step is the compute plus DDP's
+copies into and out of its buckets) and compute alone (DDP under no_sync), each a model
+of its own, interleaved step by step, on the benchmark's models. Per variant: wall
 min / median (ms), process CPU median (ms, getrusage, all threads), context switches
 median, and the ratios of the medians against DDP over Gloo. ``MODEL=conv`` is the
 default convnet (batch 32); ``MODEL=comm`` (the default here) the communication-bound MLP
@@ -59,6 +61,14 @@ def make() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return m, torch.randn(*shape, generator=g), torch.randint(0, 1000, (n,), generator=g)
 
 
+def _local_hook(size, bucket):  # type: ignore[no-untyped-def]  # DDP refuses string annotations
+    """DDP's comm hook for "ddp-local": the bucket divided by the world size, as DDP's own
+    all-reduce path divides it, and no communication."""
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer().div_(size))
+    return fut
+
+
 def main() -> None:
     iters = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     steps = int(os.environ.get("STEPS", "5"))  # steps per timed sample
@@ -115,8 +125,11 @@ def main() -> None:
 
         fns["hvd-cycle"] = hstep_cycle
     models = {"hvd": m1}
-    for name, group in (("ddp-gloo", gloo), ("ddp-unison", None), ("compute", gloo)):
+    variants = (("ddp-gloo", gloo), ("ddp-unison", None), ("ddp-local", None), ("compute", gloo))
+    for name, group in variants:
         m = nn.parallel.DistributedDataParallel(make()[0], process_group=group)
+        if name == "ddp-local":  # DDP's own work per step, without communicating
+            m.register_comm_hook(hvd.size(), _local_hook)
         o = torch.optim.SGD(m.parameters(), lr=0.01)
 
         def dstep(m: nn.Module = m, o: torch.optim.Optimizer = o) -> None:
@@ -133,7 +146,7 @@ def main() -> None:
                 o.step()
 
         fns[name] = nstep if name == "compute" else dstep
-        if name != "compute":
+        if name not in ("compute", "ddp-local"):
             models[name] = m.module
     for f in fns.values():
         for _ in range(2):
