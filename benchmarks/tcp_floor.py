@@ -101,7 +101,11 @@ def main() -> None:
         "--bytes-per-block", type=int, default=64 << 20, help="bytes per block (20-2000 messages)"
     )
     a = ap.parse_args()
-    print(f"loopback TCP, 2 processes, cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f}")
+    # every line is flushed before the next process is forked, so no child prints it again
+    print(
+        f"loopback TCP, 2 processes, cpus={os.cpu_count()} load={os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     for text in a.sizes.split(","):
         size = parse_size(text)
         calls = min(2000, max(20, a.bytes_per_block // max(size, 1)))
@@ -109,7 +113,8 @@ def main() -> None:
             med, lo = measure(size, calls, a.blocks, shape == "answered")
             print(
                 f"{text:>6s} {shape:8s}: median {med * 1e6:10.1f} µs, min {lo * 1e6:10.1f} µs "
-                f"per message ({size / med / 1e9:.2f} GB/s at the median)"
+                f"per message ({size / med / 1e9:.2f} GB/s at the median)",
+                flush=True,
             )
 
 
