@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 import unison.ps as ps
 from unison.errors import InvalidArgumentError
 from unison.ps.wire import PsOp
+from unison.world import current
 
 from ._harness import run_ps, run_ps_outcomes
 
@@ -148,6 +150,26 @@ def test_dead_worker_is_named_and_the_job_ends_within_the_timeout() -> None:
         assert not o.ok and o.error_type == "PeerLostError", o.describe()
         assert "worker rank 1 was lost" in o.message
     assert outs[3].ok and "worker rank 1" in str(outs[3].value.failure)
+
+
+def _server_gone_between_requests(kv: ps.KVStore) -> int:
+    kv.init_params({"w": np.zeros(4)})
+    kv.pull("w")  # nothing is pending from here on: no reply is awaited when the server dies
+    rt = current()
+    os.kill(rt.infos[rt.size - 1].pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    time.sleep(1.0)  # the loss reaches this rank's transports
+    kv.clock()  # its send is the first to meet the loss
+    kv.pull("w")
+    return kv.current_clock
+
+
+def test_a_server_lost_between_requests_is_named_by_the_next_one() -> None:
+    """The send path names the lost server as the reply path does."""
+    outs = run_ps_outcomes(_server_gone_between_requests, 1, 1, ps.ASP(), timeout=8.0)
+    assert outs[1].exitcode == -signal.SIGKILL, outs[1].describe()
+    o = outs[0]
+    assert not o.ok and o.error_type == "PeerLostError", o.describe()
+    assert o.message.startswith("parameter server rank 1 was lost"), o.message
 
 
 def _checkpoint(kv: ps.KVStore, path: str) -> dict[str, Any]:

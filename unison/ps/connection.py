@@ -62,7 +62,8 @@ class ServerConnection:
         while self._sends and self._sends[0].is_completed():
             err = self._sends.popleft().exception()
             if err is not None and self._broken is None:
-                self._fail(err)
+                # named as the reply thread names it: which server was lost, not which send
+                self._fail(self._translate(err) if isinstance(err, CommunicationError) else err)
 
     def request(
         self,
