@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -9,10 +10,33 @@ from typing import Any
 from unison.testing.spawn import Outcome, run_ranks
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for a bind to port 0."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port for a job's torch store, below the kernel's ephemeral range.
+
+    The job's rank 0 binds it a moment later. A port from a bind to port 0 could be handed
+    to another process in that moment (a parallel test's store did take one: rank 0 failed
+    with EADDRINUSE and rank 1 talked to that store); below the ephemeral range only an
+    explicit bind can take it, and only this helper binds there."""
+    top = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, top - 12000), top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def run(
