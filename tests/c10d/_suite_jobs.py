@@ -119,6 +119,12 @@ def monitored_barrier() -> dict[str, Any]:
     out["gloo"] = dist.get_backend(gloo)
     store.set(f"suite-test/end{rank}", b"1")
     store.wait([f"suite-test/end{r}" for r in range(size)], timedelta(seconds=30))
+    # rank 0 hosts the store: it leaves after every other rank's last wait was answered
+    # (leaving at once reset the connection of a rank whose answer was on its way)
+    if rank == 0:
+        store.wait([f"suite-test/bye{r}" for r in range(1, size)], timedelta(seconds=30))
+    else:
+        store.set(f"suite-test/bye{rank}", b"1")
     return out
 
 
