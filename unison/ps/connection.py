@@ -62,8 +62,7 @@ class ServerConnection:
         while self._sends and self._sends[0].is_completed():
             err = self._sends.popleft().exception()
             if err is not None and self._broken is None:
-                # named as the reply thread names it: which server was lost, not which send
-                self._fail(self._translate(err) if isinstance(err, CommunicationError) else err)
+                self._fail(err)
 
     def request(
         self,
@@ -103,6 +102,10 @@ class ServerConnection:
 
     # --- receiving ---------------------------------------------------------------------
     def _fail(self, exc: BaseException) -> None:
+        """Fail the connection and every pending call with ``exc``, named as this server's
+        failure (which server was lost or silent, whichever send or receive met it)."""
+        if isinstance(exc, CommunicationError):
+            exc = self._translate(exc)
         with self._cv:
             if self._broken is None:
                 self._broken = exc
@@ -136,7 +139,7 @@ class ServerConnection:
                         return
                 self._one_reply()
         except CommunicationError as exc:
-            self._fail(self._translate(exc))
+            self._fail(exc)
         except Exception as exc:
             self._fail(CommunicationError(f"reply from server rank {self.server}: {exc!r}"))
 
