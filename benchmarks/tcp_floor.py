@@ -32,14 +32,7 @@ import time
 
 import numpy as np
 
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B")
-    if text and text[-1] in UNITS:
-        return int(text[:-1]) * UNITS[text[-1]]
-    return int(text)
+from unison.bench.spec import parse_size  # the sizes as `unison bench --sizes` reads them
 
 
 def _sender(port: int, size: int, calls: int, blocks: int, answered: bool) -> None:
