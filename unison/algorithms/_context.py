@@ -72,6 +72,11 @@ class Router(Protocol):
         self, peer: int, key: tuple[int, int, int, int], view: np.ndarray, sig: OpSig
     ) -> Request: ...
 
+    def wait(self, req: Request, timeout: float) -> bool:
+        """Wait for ``req`` at most ``timeout`` seconds (:meth:`Request.wait`), letting
+        its transport make progress in this thread meanwhile."""
+        ...
+
     def cancel(self, peer: int, req: Request) -> None: ...
 
     def explain(self, err: PeerLostError, peers: Sequence[int]) -> PeerLostError:
@@ -204,7 +209,7 @@ class OpContext:
         for req in reqs:
             left = self.deadline - time.monotonic()
             try:
-                done = req.wait(max(left, 0.0))
+                done = self.router.wait(req, max(left, 0.0))
             except MismatchError as exc:
                 if exc is self._aborted:
                     raise

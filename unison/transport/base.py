@@ -61,6 +61,12 @@ class Transport(abc.ABC):
     def irecv(self, peer: int, key: Key, view: np.ndarray, sig: OpSig) -> Request:
         """Post a receive of exactly ``view.nbytes`` bytes from ``peer`` into ``view``."""
 
+    def wait(self, req: Request, timeout: float) -> bool:
+        """Wait for ``req`` (one of this transport's) at most ``timeout`` seconds: True
+        once done (raising its failure), False if the time passed first. A transport may
+        make progress in the waiting thread meanwhile (TCP reads its socket)."""
+        return req.wait(timeout)
+
     @abc.abstractmethod
     def cancel(self, req: Request) -> None:
         """Withdraw a posted receive that will not be waited for."""

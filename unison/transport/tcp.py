@@ -7,6 +7,15 @@ into an unexpected-message copy; and a lazily started *sender* for large or
 queued messages. Small messages are sent from the caller's thread when nothing
 is queued ahead of them. Frames are written whole under a per-peer lock.
 
+Frames are read whole under a per-peer read lock, by the reader thread or by a
+thread waiting for a small message (:meth:`TcpTransport.wait`). For a short window
+the waiting thread reads its peer's socket itself, and the reader thread rests
+meanwhile (the connection's *lease*): a message that arrives then wakes one thread,
+not the reader and then the waiter it hands the message to, which in Python costs
+more than the exchange itself. A wait that outlasts the window, or for a large
+message (which the reader receives while the caller computes), ends the lease and
+sleeps until the reader delivers.
+
 A peer whose connection drops fails every receive posted for it at once with
 :class:`PeerLostError`, and the communicator is told so it can fail in-flight
 collectives promptly instead of waiting for their deadline.
@@ -37,6 +46,11 @@ __all__ = ["TcpTransport"]
 log = get_logger("tcp")
 _POLL = 1.0  # bounded poll of socket operations, so threads notice shutdown
 _MAX_CONTROL = 1 << 20
+#: longest a thread waiting for a small message reads its peer's socket itself before it
+#: leaves the socket to the reader thread and sleeps until delivery: long enough for a
+#: peer that is running the same collective to answer, short enough that a wait for a
+#: late peer is the reader's (whose delivery also wakes a waiter that a failure ends)
+_LANE_S = 0.005
 
 
 def _bytes_view(arr: np.ndarray) -> memoryview:
@@ -74,6 +88,15 @@ class _Conn:
         self.peer = peer
         self.sock = sock
         self.send_lock = threading.Lock()
+        #: held while a thread reads one whole frame (the reader, or a waiting caller)
+        self.read_lock = threading.Lock()
+        #: readiness of ``sock`` for a caller holding ``read_lock`` (the reader has its own)
+        self.lane_poll = select.poll()
+        self.lane_poll.register(sock, select.POLLIN)
+        #: until when (monotonic) callers read this socket themselves (:meth:`wait`):
+        #: the reader thread rests until then instead of waking for every frame
+        self.lease_until = 0.0
+        self.rest = threading.Condition(threading.Lock())  # where the reader rests
         self.queue: deque[tuple[Request, bytes, float]] = deque()
         self.cv = threading.Condition(threading.Lock())
         self.sender: threading.Thread | None = None
@@ -213,6 +236,69 @@ class TcpTransport(MatchingTransport):
             req.complete(self._lost_error(conn))
         return req
 
+    def wait(self, req: Request, timeout: float) -> bool:
+        """Wait for ``req`` at most ``timeout`` seconds, as :meth:`Request.wait` does.
+
+        For a small message the caller first reads its peer's socket itself for a short
+        window (:data:`_LANE_S`), delivering whatever frames come (its own, or any
+        other's), so its message needs no hand-over from the reader thread, which rests
+        meanwhile. A wait that outlasts the window, or for a large message, wakes the
+        reader and sleeps until it delivers."""
+        conn = self.conns.get(req.peer)
+        if conn is None or req.done():
+            return req.wait(timeout)
+        if req.nbytes > self.inline_bytes:
+            self._wake_reader(conn)
+            return req.wait(timeout)
+        start = time.monotonic()
+        window = min(timeout, _LANE_S)
+        conn.lease_until = start + _LANE_S
+        if conn.read_lock.acquire(timeout=window):  # the reader may be mid-frame
+            try:
+                self._read_until(conn, req, start + window)
+            finally:
+                conn.read_lock.release()
+        if not req.done():
+            self._wake_reader(conn)
+        return req.wait(max(0.0, start + timeout - time.monotonic()))
+
+    def wake_readers(self) -> None:
+        """Have every reader thread read now (a wait that no caller's reading serves:
+        a receive from any peer)."""
+        for conn in list(self.conns.values()):
+            self._wake_reader(conn)
+
+    @staticmethod
+    def _wake_reader(conn: _Conn) -> None:
+        """End ``conn``'s lease: its reader thread reads again from now on."""
+        if conn.lease_until:
+            with conn.rest:
+                conn.lease_until = 0.0
+                conn.rest.notify_all()
+
+    def _read_until(self, conn: _Conn, req: Request, end: float) -> None:
+        """Read ``conn``'s frames until ``req`` completes or ``end`` passes; the caller
+        holds ``conn.read_lock``."""
+        while not req.done() and conn.dead is None and not self._closing:
+            left = end - time.monotonic()
+            if left <= 0 or not conn.lane_poll.poll(left * 1000.0):
+                return
+            reason = self._read_one(conn)
+            if reason is not None:
+                self._peer_lost(conn, reason)
+                return
+
+    def _read_one(self, conn: _Conn) -> str | None:
+        """Read and deliver one frame; None, or why the connection is over."""
+        try:
+            if self._read_frame(conn):
+                return None
+            return "connection closed"
+        except FrameError as exc:
+            return f"protocol error: {exc}"
+        except OSError as exc:
+            return f"connection error: {exc}"
+
     def _recv_into(self, conn: _Conn, mv: memoryview) -> bool:
         """Fill ``mv`` from the socket; False on orderly EOF."""
         got, n = 0, len(mv)
@@ -238,44 +324,60 @@ class TcpTransport(MatchingTransport):
         return True
 
     def _read_loop(self, conn: _Conn) -> None:
+        poller = select.poll()
+        poller.register(conn.sock, select.POLLIN)
+        reason: str | None = None
+        while reason is None and conn.dead is None and not self._closing:
+            with conn.rest:  # rest while callers read this socket themselves (wait)
+                rest = conn.lease_until - time.monotonic()
+                if rest > 0:
+                    conn.rest.wait(rest)
+                    continue
+            try:
+                if not poller.poll(_POLL * 1000.0):
+                    continue
+            except OSError as exc:  # closed under us
+                reason = f"connection error: {exc}"
+                break
+            with conn.read_lock:
+                # a waiting caller may have read what woke us (or lost the connection)
+                if conn.dead is None and not self._closing and poller.poll(0):
+                    reason = self._read_one(conn)
+        self._peer_lost(conn, reason or "connection closed")
+
+    def _read_frame(self, conn: _Conn) -> bool:
+        """Read one whole frame and deliver it; False on end of stream. The caller holds
+        ``conn.read_lock``."""
         hdr = bytearray(HEADER.size)
-        hmv = memoryview(hdr)
-        reason = "connection closed"
-        try:
-            while self._recv_into(conn, hmv):
-                frame = unpack(hdr)
-                if frame.kind is FrameKind.CONTROL:
-                    if not self._control(conn, frame.tag, frame.length):
-                        break
-                    continue
-                key = frame.key
-                req = self.matcher.take_posted(conn.peer, key)
-                if req is None:
-                    data = bytearray(frame.length)
-                    if frame.length and not self._recv_into(conn, memoryview(data)):
-                        break
-                    req = self.matcher.add_unexpected(conn.peer, key, Unexpected(data, frame.sig))
-                    if req is not None:
-                        self.deliver_copy(req, Unexpected(data, frame.sig))
-                    elif frame.kind is FrameKind.COLL:
-                        self.events.unexpected(conn.peer, key, frame.sig)
-                    continue
-                if frame.length != req.nbytes or not _sig_matches(req.sig, frame.sig):
-                    err = self._mismatch(req, frame.sig, frame.length)
-                    if not self._discard(conn, frame.length):
-                        break
-                    req.complete(err)
-                    continue
-                if req.nbytes and req.view is not None:
-                    if not self._recv_into(conn, _bytes_view(req.view)):
-                        req.complete(self._lost_error(conn, "closed mid-message"))
-                        break
-                req.complete()
-        except FrameError as exc:
-            reason = f"protocol error: {exc}"
-        except OSError as exc:
-            reason = f"connection error: {exc}"
-        self._peer_lost(conn, reason)
+        if not self._recv_into(conn, memoryview(hdr)):
+            return False
+        frame = unpack(hdr)
+        if frame.kind is FrameKind.CONTROL:
+            return self._control(conn, frame.tag, frame.length)
+        key = frame.key
+        req = self.matcher.take_posted(conn.peer, key)
+        if req is None:
+            data = bytearray(frame.length)
+            if frame.length and not self._recv_into(conn, memoryview(data)):
+                return False
+            req = self.matcher.add_unexpected(conn.peer, key, Unexpected(data, frame.sig))
+            if req is not None:
+                self.deliver_copy(req, Unexpected(data, frame.sig))
+            elif frame.kind is FrameKind.COLL:
+                self.events.unexpected(conn.peer, key, frame.sig)
+            return True
+        if frame.length != req.nbytes or not _sig_matches(req.sig, frame.sig):
+            err = self._mismatch(req, frame.sig, frame.length)
+            if not self._discard(conn, frame.length):
+                return False
+            req.complete(err)
+            return True
+        if req.nbytes and req.view is not None:
+            if not self._recv_into(conn, _bytes_view(req.view)):
+                req.complete(self._lost_error(conn, "closed mid-message"))
+                return False
+        req.complete()
+        return True
 
     def _control(self, conn: _Conn, ctl: int, length: int) -> bool:
         if length > _MAX_CONTROL:
@@ -325,10 +427,10 @@ class TcpTransport(MatchingTransport):
                 return self._lost_error(other)
         return err
 
-    @staticmethod
-    def _await_verdict(conn: _Conn) -> None:
+    def _await_verdict(self, conn: _Conn) -> None:
         """Wait (at most :data:`_VERDICT_S`) until ``conn``'s reader has taken its end of
         stream: :meth:`_peer_lost` sets ``dead``, then notifies ``conn.cv``."""
+        self._wake_reader(conn)  # it may rest while callers read (wait)
         with conn.cv:
             conn.cv.wait_for(lambda: conn.dead is not None, _VERDICT_S)
 
@@ -357,6 +459,7 @@ class TcpTransport(MatchingTransport):
             pending = list(conn.queue)
             conn.queue.clear()
             conn.cv.notify_all()
+        self._wake_reader(conn)
         for req, _, _ in pending:
             req.complete(err)
         if not self._closing:
@@ -370,6 +473,7 @@ class TcpTransport(MatchingTransport):
             with conn.cv:
                 conn.cv.notify_all()
             self._peer_lost(conn, "closed")
+            self._wake_reader(conn)
         for conn in self.conns.values():
             for t in (conn.reader, conn.sender):
                 if t is not None and t is not threading.current_thread():

@@ -210,6 +210,13 @@ class Fabric:
             self.tcp.deliver_copy(req, msg)
         return req
 
+    def wait(self, req: Request, timeout: float) -> bool:
+        """Wait for ``req`` at most ``timeout`` seconds, through its peer's transport."""
+        if req.peer == ANY_SOURCE:
+            self.tcp.wake_readers()
+            return req.wait(timeout)
+        return self._to(req.peer).wait(req, timeout)
+
     def cancel(self, peer: int, req: Request) -> None:
         if req.peer == ANY_SOURCE:
             self.tcp.matcher.cancel(req)

@@ -36,15 +36,19 @@ def request_work(
     translate: Callable[[CommunicationError], CommunicationError],
     result: Any = None,
     cancel: Callable[[Request], None] | None = None,
+    wait: Callable[[Request, float], bool] | None = None,
 ) -> Work:
     """A Work over one transport request, failed with a timeout at ``deadline``.
     ``cancel`` (receives only) withdraws the posted receive first, so a later message
-    cannot land in the buffer; a finished receive's Work names its ``source``."""
+    cannot land in the buffer; a finished receive's Work names its ``source``. ``wait``
+    waits for the request (default :meth:`Request.wait`; the fabric's lets the
+    transport make progress in the waiting thread)."""
+    wait_for = wait or (lambda r, t: r.wait(t))
 
     def progress(work: Work, budget: float | None) -> bool:
         left = deadline - time.monotonic()
         try:
-            done = req.wait(max(left if budget is None else min(budget, left), 0.0))
+            done = wait_for(req, max(left if budget is None else min(budget, left), 0.0))
         except CommunicationError as exc:
             work.finish(result, translate(exc))
             return True
@@ -83,7 +87,9 @@ def post_send(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
     deadline = time.monotonic() + ex.group.config.timeout
     req = rt.router.isend(peer, _key(ex, tag), b.array.view(np.uint8), sig, deadline)
     name = f"send to rank {peer} (tag {tag})"
-    return request_work(name, req, deadline, ex.group.config.timeout, _error(ex, name))
+    return request_work(
+        name, req, deadline, ex.group.config.timeout, _error(ex, name), wait=rt.router.wait
+    )
 
 
 def post_recv(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
@@ -106,6 +112,7 @@ def post_recv(ex: Executor, b: Buffer, peer: int, tag: int) -> Work:
         _error(ex, name, sig),
         b.source,
         cancel=lambda r: rt.router.cancel(peer, r),
+        wait=rt.router.wait,
     )
 
 

@@ -78,7 +78,7 @@ class SetupExchange:
         """Finish an exchange :meth:`post` started: every peer's message."""
         got: dict[int, dict[str, object]] = {}
         for p, req in list(posted.recvs.items()) + [(-1, s) for s in posted.sends]:
-            if not req.wait(max(0.0, deadline - time.monotonic())):
+            if not self.tcp.wait(req, max(0.0, deadline - time.monotonic())):
                 what = "the transport set-up" if op == "init" else "the shared-arena set-up"
                 raise CollectiveTimeoutError(
                     f"{op}: rank {req.peer} did not answer {what} (rank {self.rank})",
