@@ -12,27 +12,17 @@ import time
 
 import pytest
 
-from unison.transport.base import Events
 from unison.transport.tcp import TcpTransport
 
-
-def _tcp_pair() -> tuple[socket.socket, socket.socket]:
-    with socket.create_server(("127.0.0.1", 0)) as srv:
-        a = socket.create_connection(srv.getsockname())
-        b, _ = srv.accept()
-    return a, b
-
-
-def _events() -> Events:
-    return Events(peer_lost=lambda peer, reason, graceful: None, abort=lambda peer, info: None)
+from ._tcp import no_events, tcp_pair
 
 
 def _rank0_after_rank2_left() -> tuple[TcpTransport, socket.socket]:
     """Rank 0's transport once rank 2 said goodbye and left, and rank 1's end of its
     connection to rank 0 (still open)."""
-    me, leaver = TcpTransport(0, _events()), TcpTransport(2, _events())
-    to_lost, lost_end = _tcp_pair()
-    to_leaver, leaver_end = _tcp_pair()
+    me, leaver = TcpTransport(0, no_events()), TcpTransport(2, no_events())
+    to_lost, lost_end = tcp_pair()
+    to_leaver, leaver_end = tcp_pair()
     me.attach(1, to_lost)
     me.attach(2, to_leaver)
     leaver.attach(0, leaver_end)
@@ -80,7 +70,7 @@ def test_a_lost_peer_is_reported_as_itself() -> None:
 def test_two_peers_that_shut_down_in_order_are_not_called_lost() -> None:
     for _ in range(20):
         me, rank1_end = _rank0_after_rank2_left()
-        rank1 = TcpTransport(1, _events())
+        rank1 = TcpTransport(1, no_events())
         try:
             shut = me.gone([2])
             assert shut is not None

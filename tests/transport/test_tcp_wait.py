@@ -8,7 +8,6 @@ wait at once, naming the peer."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -21,6 +20,8 @@ from unison.transport.base import Events
 from unison.transport.framing import FrameKind
 from unison.transport.tcp import TcpTransport
 
+from ._tcp import no_events, tcp_pair
+
 SIG = OpSig(1, 2, 0, -1, 2)
 INLINE = 1 << 16
 
@@ -29,23 +30,12 @@ def _key(tag: int) -> tuple[int, int, int, int]:
     return (int(FrameKind.COLL), 0, 1, tag)
 
 
-def _tcp_pair() -> tuple[socket.socket, socket.socket]:
-    with socket.create_server(("127.0.0.1", 0)) as srv:
-        a = socket.create_connection(srv.getsockname())
-        b, _ = srv.accept()
-    return a, b
-
-
-def _events() -> Events:
-    return Events(peer_lost=lambda peer, reason, graceful: None, abort=lambda peer, info: None)
-
-
 @pytest.fixture
 def pair():
     """(sender as rank 0, receiver as rank 1, the receiver's record of which thread
     delivered each posted receive)."""
-    a, b = _tcp_pair()
-    sender, receiver = TcpTransport(0, _events(), INLINE), TcpTransport(1, _events(), INLINE)
+    a, b = tcp_pair()
+    sender, receiver = TcpTransport(0, no_events(), INLINE), TcpTransport(1, no_events(), INLINE)
     sender.attach(1, a)
     receiver.attach(0, b)
     delivered: list[str] = []
@@ -163,7 +153,7 @@ def test_a_frame_that_does_not_fit_fails_the_waiting_receive(pair) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_peer_lost_while_the_caller_reads_fails_the_wait_at_once() -> None:
-    a, b = _tcp_pair()
+    a, b = tcp_pair()
     lost: list[tuple[int, str]] = []
     receiver = TcpTransport(
         1,
