@@ -74,9 +74,12 @@ def _three_ways() -> list[str]:
     case = 0
     calls = [0]
 
+    reduces = [0]  # the all_reduce calls among them
+
     def three(what: str, run: object, make: object, exact: bool) -> None:
         """run(bufs, group, async_op) on fresh buffers three ways; compare bytes."""
         calls[0] += 1
+        reduces[0] += what.startswith("all_reduce ")
         outs = []
         for group, async_op in ((None, False), (None, True), (general, False)):
             bufs = make()  # type: ignore[operator]
@@ -174,27 +177,29 @@ def _three_ways() -> list[str]:
                 bad.append(f"all_gather {np.dtype(dtype)} n={n}: not every rank's data")
     Executor.submit = real_submit  # type: ignore[method-assign]
     # on shared memory the blocking world calls ran no Work (only the async ones were
-    # submitted); on TCP there are no slots and every call was
+    # submitted); on TCP there are no slots and every call was, but the blocking
+    # all-reduces, which a group without slots runs in the caller's thread
+    # (message_calls.py), as does the group past the slot regions
     world = submitted.count(0)
-    if world != (calls[0] if shared else 2 * calls[0]):
+    if world != (calls[0] if shared else 2 * calls[0] - reduces[0]):
         bad.append(f"{world} world submissions for {calls[0]} blocking + async pairs")
-    if submitted.count(general.id) != calls[0]:
-        bad.append("the general group's calls did not all go through its executor")
+    if submitted.count(general.id) != calls[0] - reduces[0]:
+        bad.append("the general group's calls other than all_reduce did not all take a Work")
     Executor.submit = counting  # type: ignore[method-assign]
     try:
         import torch
     except ImportError:
         torch = None
     if torch is not None:  # torch CPU tensors (bfloat16 too) take the lane after validation
-        for tdt in (torch.float32, torch.bfloat16, torch.int64):
+        for tdt in (torch.float32, torch.bfloat16, torch.int64):  # (by message without slots)
             t = torch.arange(5, dtype=tdt) + r
             before = len(submitted)
             un.all_reduce(t)
             want = sum(torch.arange(5, dtype=tdt) + q for q in range(p))
             if not torch.equal(t, want):
                 bad.append(f"torch {tdt} all_reduce: {t} != {want}")
-            if shared == (len(submitted) != before):
-                bad.append(f"torch {tdt} all_reduce: lane taken: {len(submitted) == before}")
+            if len(submitted) != before:
+                bad.append(f"torch {tdt} all_reduce took a Work")
     Executor.submit = real_submit  # type: ignore[method-assign]
     # a rank on the executor's path (async) meets peers on the lane in the same slots
     for i in range(20):

@@ -164,10 +164,13 @@ class CallerThread:
     signature: a signature found here was validated when it was prepared, so the
     shared layer checks only what can change between calls of one signature."""
 
-    __slots__ = ("calls", "entry", "run")
+    __slots__ = ("calls", "entry", "every_collective", "run")
 
-    def __init__(self, entry: CallerThreadCollectives) -> None:
+    def __init__(self, entry: CallerThreadCollectives, every_collective: bool = True) -> None:
         self.entry = entry
+        #: whether the entry takes every kind of small collective (False: some only, e.g.
+        #: the all-reduce of a group without shared slots)
+        self.every_collective = every_collective
         #: ``entry.run`` (one attribute load on the hot path)
         self.run = entry.run
         #: signature -> the prepared call (None: the entry does not take it)

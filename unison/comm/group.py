@@ -101,9 +101,9 @@ class Group:
 
     @property
     def caller_thread_collectives(self) -> bool:
-        """True when the group's engine runs small blocking collectives in the caller's
-        thread (no engine thread, no queue between the call and the bytes)."""
-        return self.caller_thread is not None
+        """True when the group's engine runs every kind of small blocking collective in
+        the caller's thread (no engine thread, no queue between the call and the bytes)."""
+        return self.caller_thread is not None and self.caller_thread.every_collective
 
     def __repr__(self) -> str:
         return f"<unison.Group {self.id} ranks={list(self.ranks)} rank={self.rank}>"

@@ -50,6 +50,7 @@ from .desync import (
     check_sig,
     foreign_frame_error,
 )
+from .message_calls import MessageCall, prepare_message_call
 from .receipts import RECEIPT_STEP, Batch
 from .slot_collectives import ContextWatch, SlotCall, prepare_call
 
@@ -104,6 +105,9 @@ class Executor:
         #: a two-rank group's broadcasts by message (no shared memory) are confirmed in
         #: batches (receipts); None elsewhere, so the slot path's check costs nothing
         self._batch: Batch | None = Batch() if group.size == 2 and not topo.shared else None
+        #: the largest all-reduce a group without slots runs in the caller's thread
+        #: (:mod:`.message_calls`): what the TCP transport sends from the caller's thread
+        self.message_call_bytes = group.config.inline_send_bytes
 
     def sig(
         self, op: OpCode, dtype: int = 0, count: int = 0, redop: int = 0, root: int = -1
@@ -389,10 +393,11 @@ class Executor:
         redop: ReduceOp | None = None,
         root: int = -1,
         gather_list: bool = False,
-    ) -> SlotCall | None:
-        """A validated signature's call on the slots (None: not theirs)."""
+    ) -> SlotCall | MessageCall | None:
+        """A validated signature's call on the slots, or by message for a group without
+        them (None: neither takes it)."""
         if self.slots is None:
-            return None
+            return prepare_message_call(self, op, arr.size, nbytes, dtype, redop)
         return prepare_call(self, self.slots, op, arr, nbytes, dtype, redop, root, gather_list)
 
     def run(self, call: Any, inp: Any, out: Any) -> bool:
@@ -400,21 +405,13 @@ class Executor:
         else of the group is in flight here (False, having done nothing, otherwise):
         take the group's next sequence number, publish, wait, finish, and fail the group
         as :meth:`_execute` would if it fails. Written out in one method: each call here
-        is a Python call fewer on the small blocking path."""
-        with self._lock:
-            if (
-                self._seq != self._done
-                or self._busy
-                or self._queue
-                or self._closed
-                or self._batch
-                or self.group.broken is not None
-                or self._early_aborts  # a peer already failed a call: _execute says so
-                or self.rt.op_hook is not None
-            ):
-                return False
-            self._seq = seq = self._seq + 1
-            self._busy = True
+        is a Python call fewer on the small blocking path. A call by message goes to
+        :meth:`_run_message`."""
+        if type(call) is MessageCall:
+            return self._run_message(call, inp)
+        seq = self._claim_turn()
+        if not seq:
+            return False
         self._running = seq
         self._call = call
         slots = self.slots
@@ -435,6 +432,71 @@ class Executor:
             if self._foreign or self._scanned:
                 self._foreign = []
                 self._scanned = False
+        return True
+
+    def _claim_turn(self) -> int:
+        """The group's next sequence number, taken for a call in the caller's thread if
+        nothing else of the group is in flight here; 0 (nothing taken) otherwise."""
+        with self._lock:
+            if (
+                self._seq != self._done
+                or self._busy
+                or self._queue
+                or self._closed
+                or self._batch
+                or self.group.broken is not None
+                or self._early_aborts  # a peer already failed a call: _execute says so
+                or self.rt.op_hook is not None
+            ):
+                return 0
+            self._seq = seq = self._seq + 1
+            self._busy = True
+        return seq
+
+    def _run_message(self, call: MessageCall, arr: np.ndarray) -> bool:
+        """Run the prepared all-reduce ``call`` on ``arr`` by message now, in the caller's
+        thread, if nothing else of the group is in flight here (False otherwise): as
+        :meth:`_execute` runs the general path's body, without its Work and turn."""
+        # chosen before the call is numbered, as the general path chooses before submit
+        # (a group's first choice may settle its arena with its members)
+        algo = self.rt.choose("all_reduce", self.size, call.nbytes, self.group).module
+        seq = self._claim_turn()
+        if not seq:
+            return False
+        try:
+            me = self.group.rank
+            assert me is not None
+            ctx = self.context(seq, me, call.op, call.sig, time.monotonic() + self.timeout)
+            with self._lock:
+                broken = self._broken_error(ctx)
+                told = None if broken is not None else self._early_aborts.pop(seq, None)
+                if broken is None and told is None:
+                    self._inflight[seq] = ctx
+            if broken is not None:
+                raise broken
+            if told is not None:  # pass the news on before leaving, as _execute does
+                told = ctx.named(told) if isinstance(told, CommunicationError) else told
+                self.fail(ctx, told)
+                raise told
+            try:
+                self._scan_buffered(ctx)
+                flat = arr.reshape(-1)
+                algo.run(ctx, flat, call.kern, call.rop, call.dtype, ctx.seg_count(call.dtype))
+            except CommunicationError as exc:
+                err = ctx.named(exc)
+                self.fail(ctx, err)
+                raise err from None
+            except BaseException as exc:
+                self.fail(ctx, ctx.local_failure(exc))
+                raise
+        finally:
+            with self._lock:
+                self._inflight.pop(seq, None)
+                self._notices.pop(seq, None)
+                self._done = max(self._done, seq)
+                self._busy = False
+                if self._queue:  # another thread queued work meanwhile
+                    self._cv.notify_all()
         return True
 
     def _caller_context(self) -> OpContext:

@@ -259,9 +259,10 @@ class Runtime:
             ex.slots = self.fabric.shm_setup.group_slots(gid, g.ranks)
             if topo.arena is not None and ex.slots is not None:  # rounds sync on the slots
                 ex.round_barrier = arena_sync(self, ex.slots)
-            if ex.slots is not None and not self.overrides:
-                # forced algorithms run at every size: no slots for them (slot_collectives.py)
-                g.caller_thread = CallerThread(ex)
+            if not self.overrides and g.size > 1:
+                # forced algorithms run at every size: no slots for them (slot_collectives.py);
+                # a group without slots runs its small all-reduces there (message_calls.py)
+                g.caller_thread = CallerThread(ex, every_collective=ex.slots is not None)
             # reachable by transport events from now on; deliver aborts that came early
             self.executors[gid] = ex
             parked = self._parked.pop(gid, [])
