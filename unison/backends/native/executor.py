@@ -404,9 +404,9 @@ class Executor:
         """Run the prepared ``call`` on the slots now, in the caller's thread, if nothing
         else of the group is in flight here (False, having done nothing, otherwise):
         take the group's next sequence number, publish, wait, finish, and fail the group
-        as :meth:`_execute` would if it fails. Written out in one method: each call here
-        is a Python call fewer on the small blocking path. A call by message goes to
-        :meth:`_run_message`."""
+        as :meth:`_execute` would if it fails. Written out in one method but for taking
+        the turn (:meth:`_claim_turn`): each call here is a Python call fewer on the
+        small blocking path. A call by message goes to :meth:`_run_message`."""
         if type(call) is MessageCall:
             return self._run_message(call, inp)
         seq = self._claim_turn()
