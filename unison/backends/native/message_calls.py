@@ -11,7 +11,7 @@ meets it), with the same failure handling (the context is in flight, so other ra
 aborts and lost peers reach it; a failure breaks the group and is told to every peer).
 
 Only the all-reduce is prepared: the rooted collectives confirm their signature
-(:mod:`.desync`), and the others gain less. A group made like this does not claim
+(:mod:`.desync`), and the others were not measured this way. A group made like this does not claim
 :attr:`~unison.comm.group.Group.caller_thread_collectives`, which promises every small
 collective in the caller's thread.
 """
@@ -33,10 +33,10 @@ class MessageCall:
     """One all-reduce signature's call by message: its signature, reduce op, dtype,
     kernel and bytes."""
 
-    __slots__ = ("dtype", "kern", "nbytes", "op", "rop", "sig")
+    __slots__ = ("dtype", "kern", "nbytes", "rop", "sig")
+    op = OpCode.ALL_REDUCE  # the one collective prepared here
 
     def __init__(self, sig: OpSig, rop: ReduceOp, dtype: DType, nbytes: int) -> None:
-        self.op = OpCode.ALL_REDUCE
         self.sig, self.rop, self.dtype, self.nbytes = sig, rop, dtype, nbytes
         self.kern: Kernel = kernel(rop, dtype)
 
