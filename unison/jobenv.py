@@ -37,7 +37,9 @@ from .jobdir import derived_store_path
 from .log import get_logger
 
 __all__ = [
+    "host_cores",
     "usable_cores",
+    "usable_cpus",
     "from_openmpi",
     "from_pmi",
     "from_slurm",
@@ -543,10 +545,27 @@ def detect_job(
     )
 
 
-def usable_cores() -> int:
-    """The number of processor cores this process may run on (its affinity mask where
-    the platform has one, else the machine's count)."""
+def usable_cpus() -> list[int]:
+    """The processor cores this process may run on, in order (its affinity mask where the
+    platform has one, else every core of the machine)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """The number of processor cores this process may run on (:func:`usable_cpus`)."""
+    return len(usable_cpus())
+
+
+def host_cores() -> int:
+    """The number of cores this host's ranks of the job run on together: the launcher's
+    count where it bound each rank to a share of them (``UNISON_HOST_CORES``, set with
+    ``UNISON_CPUS``), else this process's own (:func:`usable_cores`). Whether a host's
+    ranks outnumber its cores is a question about all of them: a bound rank's own mask
+    holds only its share."""
+    text = os.environ.get(C.ENV_HOST_CORES, "").strip()
+    if text.isdigit() and int(text) > 0 and os.environ.get(C.ENV_CPUS):
+        return int(text)
+    return usable_cores()

@@ -21,7 +21,7 @@ from typing import Any
 import unison as _un
 
 from ..errors import InvalidArgumentError, NotInitializedError
-from ..jobenv import usable_cores
+from ..jobenv import host_cores
 from .engine import HorovodEngine
 from .settings import Settings, load_settings
 from .timeline import Timeline
@@ -134,7 +134,7 @@ def settings() -> Settings:
 
 
 def _cores() -> int:
-    return usable_cores()
+    return host_cores()
 
 
 def engine_has_core() -> bool:

@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..jobenv import usable_cores
+from ..jobenv import host_cores
 from . import probe
 
 __all__ = [
@@ -219,7 +219,7 @@ FORMAT = 2
 def host_key() -> dict[str, Any]:
     """What the cached model is valid for: CPU model, usable cores, unison version and
     the :data:`FORMAT` of the figures."""
-    return {"cpu": _cpu_model(), "cores": usable_cores(), "unison": __version__, "format": FORMAT}
+    return {"cpu": _cpu_model(), "cores": host_cores(), "unison": __version__, "format": FORMAT}
 
 
 def cache_path(env: Mapping[str, str] | None = None) -> Path | None:

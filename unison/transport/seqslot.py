@@ -45,7 +45,7 @@ import numpy as np
 from .._types import ReduceOp
 from ..buffers import DType, from_numpy, reducer
 from ..errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError
-from ..jobenv import usable_cores
+from ..jobenv import host_cores
 from . import futex
 from .wait_policy import WaitPolicy
 
@@ -147,7 +147,7 @@ class SeqSlots:
         self._k = self._seq[rank].value
         self._alive = alive
         if oversubscribed is None:
-            oversubscribed = self.size > usable_cores()
+            oversubscribed = self.size > host_cores()
         #: ``adapt``: where ranks outnumber cores, choose between one yield before the
         #: futex and yield-polling by the time per call each gives (UNISON_WAIT_ADAPT)
         self.policy = WaitPolicy(oversubscribed, adapt)

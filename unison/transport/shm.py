@@ -34,7 +34,7 @@ import numpy as np
 
 from .._types import OpSig
 from ..errors import PeerLostError
-from ..jobenv import usable_cores
+from ..jobenv import host_cores
 from ..log import get_logger
 from . import futex
 from .base import Events, Key, MatchingTransport, PeerInfo
@@ -146,7 +146,7 @@ class ShmTransport(MatchingTransport):
         self._kick = False
         self._last_active = time.monotonic()
         self._closing = False
-        self.wait_policy = WaitPolicy(oversubscribed=local_size > usable_cores())
+        self.wait_policy = WaitPolicy(oversubscribed=local_size > host_cores())
         self._thread: threading.Thread | None = None
         #: rewrites each outgoing header (fault injection in tests); None normally
         self.send_hook: Callable[[int, bytes], bytes] | None = None
