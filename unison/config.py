@@ -24,9 +24,11 @@ from typing import Any
 from .errors import InvalidArgumentError
 
 __all__ = [
+    "ENV_CPUS",
     "ENV_CROSS_RANK",
     "ENV_CROSS_SIZE",
     "ENV_ELASTIC_ID",
+    "ENV_HOST_CORES",
     "ENV_HOST_ID",
     "ENV_JOB_ID",
     "ENV_LOCAL_RANK",
@@ -74,6 +76,8 @@ ENV_PS_JOIN_TICKET = "UNISON_PS_JOIN_TICKET"  # ... through this join, claimed b
 ENV_OUTPUT_TTY = "UNISON_OUTPUT_TTY"  # "1": the launcher's output is a terminal
 ENV_PREFIX_OUTPUT = "UNISON_PREFIX_OUTPUT"  # also the knob; unison run sets it for ranks
 ENV_RUN_FUNCTION = "UNISON_RUN_FUNCTION"  # unison.run: host:port:secret of its store
+ENV_CPUS = "UNISON_CPUS"  # unison run: the CPUs it bound this rank to (its share)
+ENV_HOST_CORES = "UNISON_HOST_CORES"  # ... and how many this host's ranks share
 
 _IDENTITY = {
     ENV_RANK: "global rank of this process",
@@ -98,6 +102,10 @@ _IDENTITY = {
     "sense), else 0",
     ENV_RUN_FUNCTION: "set by unison.run for its ranks: where they fetch the function to "
     "call and leave its result",
+    ENV_CPUS: "set by unison run where it binds each rank to its share of the host's cores "
+    "(UNISON_BIND): the CPUs this rank runs on",
+    ENV_HOST_CORES: "set by unison run with UNISON_CPUS: how many cores this host's ranks "
+    "share (whether they outnumber them, though each rank sees only its own)",
 }
 
 
@@ -264,6 +272,16 @@ KNOBS: tuple[Knob, ...] = (
         "interface whose address peers are told to connect to",
     ),
     Knob(
+        "UNISON_BIND",
+        "bind",
+        "auto",
+        _choice("auto", "core", "none"),
+        "unison run: bind each rank of a host to its own share of the host's cores (as "
+        "mpirun binds to cores), so the scheduler cannot stack ranks on one core while "
+        "others idle; auto: where unison run also sets the thread counts (the user set "
+        "none), core: also where the user did, none: never (--bind-to none)",
+    ),
+    Knob(
         "UNISON_BACKEND",
         "backend",
         "native",
@@ -418,6 +436,7 @@ class Config:
     log_level: str = "WARNING"
     bind_addr: str = ""
     network_interface: str = ""
+    bind: str = "auto"
     backend: str = "native"
     check_mismatch: bool = True
     prefix_output: bool = True

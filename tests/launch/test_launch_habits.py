@@ -110,7 +110,7 @@ def test_horovodrun_flags_set_the_variables_the_engine_reads(tmp_path: Path) -> 
 def test_flags_with_nothing_to_do_say_so_in_one_line_each() -> None:
     r = _run(
         "-np", "1", "--disable-cache", "--hierarchical-allreduce", "--autotune",
-        "--autotune-log-file", "x.csv", "-bind-to", "core", "--map-by", "node", "-mca",
+        "--autotune-log-file", "x.csv", "-bind-to", "socket", "--map-by", "node", "-mca",
         "btl", "self,tcp", "--allow-run-as-root", "--mca", "btl_tcp_if_include", "lo",
         sys.executable, "-m", "json.tool", "--help",
     )  # fmt: skip
@@ -118,7 +118,7 @@ def test_flags_with_nothing_to_do_say_so_in_one_line_each() -> None:
     lines = r.stderr.splitlines()
     assert len(lines) == 6, r.stderr
     for says in ("--disable-cache ignored", "--hierarchical-* ignored", "--autotune ignored",
-                 "--bind-to core ignored", "--map-by node ignored",
+                 "--bind-to socket taken as core", "--map-by node ignored",
                  "--mca btl ignored"):  # fmt: skip
         assert sum(ln.startswith(f"unison run: {says}") for ln in lines) == 1, (says, lines)
     assert "usage:" not in r.stderr

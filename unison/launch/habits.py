@@ -159,7 +159,8 @@ def add_habit_options(p: argparse.ArgumentParser) -> None:
         "-bind-to",
         default=None,
         metavar="WHAT",
-        help="accepted, no binding is done: each rank's thread count divides the cores",
+        help="core (the default): each rank of a host runs on its own share of the host's "
+        "cores; none: ranks are not bound (UNISON_BIND)",
     )
     m.add_argument(
         "--map-by",
@@ -252,11 +253,17 @@ def habit_environment(args: argparse.Namespace) -> tuple[dict[str, str], list[st
         )
     if args.mpi_args is not None:
         notes.append("--mpi-args ignored: unison run starts no mpirun")
-    if args.bind_to is not None and args.bind_to != "none":
-        notes.append(
-            f"--bind-to {args.bind_to} ignored: ranks are not bound to cores (each gets a "
-            "share of the cores as its thread count)"
-        )
+    if args.bind_to is not None:
+        what = args.bind_to.split(":")[0].strip().lower()
+        if what == "none":
+            env["UNISON_BIND"] = "none"
+        elif what in ("core", "hwthread", "cpu"):
+            env["UNISON_BIND"] = "core"
+        else:
+            notes.append(
+                f"--bind-to {args.bind_to} taken as core: each rank of a host is bound to its "
+                "own share of the host's cores (--bind-to none: unbound)"
+            )
     if args.map_by is not None and args.map_by.split(":")[0] not in ("slot", "core"):
         notes.append(
             f"--map-by {args.map_by} ignored: unison run fills each host's slots in order "

@@ -52,7 +52,7 @@ from .hosts import (
 )
 from .options import configure_parser, free_port, parse_exports, resolve_np, stdin_ranks
 from .output import OutputForwarder
-from .rankenv import rank_environment, thread_notice, thread_share, usable_cores
+from .rankenv import cpu_share, rank_environment, thread_notice, thread_share, usable_cpus
 from .remote import StdinForwarder
 from .supervise import (
     Launch,
@@ -185,9 +185,10 @@ def run_job(
         advertised, port = store_endpoint(store_addr, network_interface, first)
         bind = ("0.0.0.0", port)  # the job secret guards it; every host must reach it
     master = (advertised if is_local(slots[0].host) else slots[0].host, free_port(bind[0]))
-    cores = usable_cores()
+    cpus = usable_cpus()
     crowded = max((s.local_size for s in slots if is_local(s.host)), default=1)
-    notice = thread_notice(base, crowded, cores)
+    bound = cpu_share(base, 0, crowded, cpus) is not None
+    notice = thread_notice(base, crowded, len(cpus), bound=bound)
     if notice:
         with contextlib.suppress(OSError, ValueError):
             (stderr or sys.stderr.buffer).write(f"unison run: {notice}\n".encode())
@@ -207,7 +208,7 @@ def run_job(
                 slot=s,
                 network_interface=network_interface,
                 master=master,
-                cores=cores if is_local(s.host) else None,
+                cpus=cpus if is_local(s.host) else None,
             )
             for s in slots
         ]

@@ -1,23 +1,28 @@
 """The environment each rank starts with: unison's, Horovod's and torchrun's variables,
-and a share of the host's cores as every framework's thread count (torchrun's habit)."""
+a share of the host's cores as every framework's thread count (torchrun's habit), and
+the cores themselves as the rank's binding (mpirun's habit)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .. import config as C
-from ..jobenv import usable_cores
+from ..jobenv import usable_cores, usable_cpus
 from .hosts import Slot
 from .output import isatty
 
 __all__ = [
     "THREAD_VARIABLES",
+    "binding_environment",
+    "binding_of",
+    "cpu_share",
     "rank_environment",
     "thread_environment",
     "thread_share",
     "thread_notice",
     "usable_cores",
+    "usable_cpus",
 ]
 
 #: the compute-thread counts frameworks read from the environment at start: OpenMP
@@ -58,17 +63,69 @@ def thread_notice(
     local_size: int,
     cores: int,
     how: str = "-x OMP_NUM_THREADS=N",
+    bound: bool = False,
 ) -> str | None:
     """The one line said when the thread counts are set, else None; ``how`` is the way
-    this launcher's user sets one of them."""
+    this launcher's user sets one of them; ``bound``: each rank is also bound to its
+    share of the cores (:func:`cpu_share`)."""
     threads = thread_environment(base, local_size, cores)
     if not threads:
         return None
+    n = threads["OMP_NUM_THREADS"]
+    where = f" on {'its own core' if n == '1' else f'its own {n} cores'}" if bound else ""
+    unbind = " (--bind-to none: unbound)" if bound else ""
     return (
         f"{local_size} ranks share this host's {cores} cores: each runs "
-        f"OMP_NUM_THREADS={threads['OMP_NUM_THREADS']} (and MKL_, OPENBLAS_, "
-        f"TF_NUM_INTRAOP_THREADS); set one of them ({how}) to choose"
+        f"OMP_NUM_THREADS={n} (and MKL_, OPENBLAS_, TF_NUM_INTRAOP_THREADS){where}; set "
+        f"one of them ({how}) to choose{unbind}"
     )
+
+
+def cpu_share(
+    base: Mapping[str, str], local_rank: int, local_size: int, cpus: Sequence[int]
+) -> list[int] | None:
+    """The cores rank ``local_rank`` of a host's ``local_size`` ranks is bound to: its own
+    run of ``cpus`` (the host's usable cores, in order), ``len(cpus) // local_size`` of
+    them, as mpirun binds ranks to cores. A rank that shares its core with no other rank
+    cannot be stacked by the scheduler onto another rank's core (which a rank that sleeps
+    while it waits invites, and which costs a context switch per message); its threads
+    (the thread count, :func:`thread_environment`) stay on its own cores.
+
+    None (not bound) when one rank has the host, when the ranks outnumber the cores,
+    with ``UNISON_BIND=none``, and with ``UNISON_BIND=auto`` (the default) when the user
+    set a thread count (:func:`thread_share`): threads beyond the share would queue on it."""
+    mode = (base.get("UNISON_BIND") or "auto").strip().lower()
+    if mode == "none" or local_size < 2 or local_size > len(cpus):
+        return None
+    if mode != "core" and not thread_share(base, local_size):
+        return None
+    k = len(cpus) // local_size
+    return list(cpus[local_rank * k : (local_rank + 1) * k])
+
+
+def binding_environment(
+    base: Mapping[str, str], local_rank: int, local_size: int, cpus: Sequence[int]
+) -> dict[str, str]:
+    """``UNISON_CPUS`` (the rank's cores, :func:`cpu_share`) and ``UNISON_HOST_CORES`` (how
+    many the host's ranks share) for a rank to be bound; nothing for one that is not. The
+    process that starts the rank binds it (:func:`unison.launch.supervise.start_rank`)."""
+    share = cpu_share(base, local_rank, local_size, cpus)
+    if share is None:
+        return {}
+    return {C.ENV_CPUS: ",".join(map(str, share)), C.ENV_HOST_CORES: str(len(cpus))}
+
+
+def binding_of(env: Mapping[str, str]) -> list[int] | None:
+    """The cores a rank started with environment ``env`` is bound to (``UNISON_CPUS``, of
+    :func:`binding_environment`), or None where it is unset or not a list of cores."""
+    text = env.get(C.ENV_CPUS)
+    if not text:
+        return None
+    try:
+        cpus = [int(c) for c in text.split(",")]
+    except ValueError:
+        return None
+    return cpus if cpus and min(cpus) >= 0 else None
 
 
 def rank_environment(
@@ -84,13 +141,16 @@ def rank_environment(
     slot: Slot | None = None,
     network_interface: str | None = None,
     master: tuple[str, int] | None = None,
-    cores: int | None = None,
+    cpus: Sequence[int] | None = None,
 ) -> dict[str, str]:
     """The environment of one rank (the last ``servers`` ranks serve); ``slot`` places it
-    on a host of a multi-host job (else every rank shares this host). ``cores``: the
+    on a host of a multi-host job (else every rank shares this host). ``cpus``: the
     usable cores of the rank's host, divided among its ranks as their thread counts
-    (:func:`thread_environment`); None leaves the thread counts alone."""
+    (:func:`thread_environment`) and their bindings (:func:`binding_environment`); None
+    leaves both alone."""
     env = dict(base)
+    for name in (C.ENV_CPUS, C.ENV_HOST_CORES):  # a launcher's own binding is not the rank's
+        env.pop(name, None)
     slot = slot or Slot(rank, "localhost", rank, size, 0, 1)
     ident = {
         "RANK": rank,
@@ -126,8 +186,9 @@ def rank_environment(
         env["UNISON_NETWORK_INTERFACE"] = network_interface
     env["PYTHONUNBUFFERED"] = "1"
     env[C.ENV_OUTPUT_TTY] = "1" if isatty(sys.stderr) else "0"
-    if cores is not None:
-        env.update(thread_environment(base, slot.local_size, cores))
+    if cpus is not None:
+        env.update(thread_environment(base, slot.local_size, len(cpus)))
+        env.update(binding_environment(base, slot.local_rank, slot.local_size, cpus))
     if timeout is not None:
         env["UNISON_TIMEOUT"] = repr(float(timeout))
     if servers:

@@ -314,10 +314,19 @@ def main() -> None:
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in header["env"].items()})  # type: ignore[attr-defined]
     share = int(str(header.get("share_cores") or 0))
-    if share:  # this host's cores, divided among its ranks (see rankenv.thread_environment)
-        from .rankenv import thread_environment, usable_cores
+    # this host's cores, divided among its ranks: the binding (rankenv.cpu_share), decided
+    # before the thread counts are set (the user's own count keeps the rank unbound)
+    from .. import config as C
+    from .rankenv import binding_environment, binding_of, thread_environment, usable_cpus
 
-        env.update(thread_environment(env, share, usable_cores()))
+    cpus = usable_cpus()
+    for name in (C.ENV_CPUS, C.ENV_HOST_CORES):
+        env.pop(name, None)
+    local_rank = int(env.get(C.ENV_LOCAL_RANK) or 0)
+    local_size = int(env.get(C.ENV_LOCAL_SIZE) or 1)
+    env.update(binding_environment(env, local_rank, local_size, cpus))
+    if share:
+        env.update(thread_environment(env, share, len(cpus)))
     cwd = str(header.get("cwd") or "")
     if cwd:
         try:
@@ -337,7 +346,7 @@ def main() -> None:
             env=env,
             stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_preexec(os.getpid()),
+            preexec_fn=_preexec(os.getpid(), binding_of(env)),
         )
     except OSError as exc:
         what = "command not found" if isinstance(exc, FileNotFoundError) else exc.strerror

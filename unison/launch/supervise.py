@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from .rankenv import binding_of
+
 __all__ = [
     "Launch",
     "RankProcess",
@@ -57,12 +59,20 @@ def _prctl() -> Callable[..., int] | None:
 _PRCTL = _prctl()  # resolved before any fork: the child only calls it
 
 
-def _preexec(parent: int) -> Callable[[], None]:
+def _preexec(parent: int, cpus: Sequence[int] | None = None) -> Callable[[], None]:
+    """What the child runs before its command: die with the launcher, and run on ``cpus``
+    (its binding, :func:`unison.launch.rankenv.cpu_share`) where given. Bound here, before
+    the command starts, every thread and child process of the rank inherits the binding."""
+    mask = frozenset(cpus) if cpus else None
+
     def run_in_child() -> None:
         if _PRCTL is not None:
             _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the launcher died before prctl took effect
             os.kill(os.getpid(), signal.SIGKILL)
+        if mask is not None:
+            with contextlib.suppress(OSError):  # cores this host does not let us have
+                os.sched_setaffinity(0, mask)
 
     return run_in_child
 
@@ -221,7 +231,7 @@ def start_rank(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=_preexec(os.getpid()),
+        preexec_fn=_preexec(os.getpid(), binding_of(env)),
         close_fds=True,
     )
     rp = RankProcess(rank, proc)
