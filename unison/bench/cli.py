@@ -249,6 +249,9 @@ def _launch(
             return f"{impl} timed out after {timeout:g} s"
     from ..launch.launcher import run_job
 
+    if impl == "gloo" and not env.get("UNISON_BIND"):
+        # Gloo's ranks as torchrun starts them: not bound to cores (unison run binds)
+        env = {**env, "UNISON_BIND": "none"}
     # across hosts, Gloo's ranks meet through the launcher's store (port 0), not 127.0.0.1
     return run_job(
         [*worker, "0" if hosts else str(_free_port())],
