@@ -32,7 +32,9 @@ FAKE_RSH = ["--rsh", "env UNISON_TEST_HOST={host}", "--store-addr", "127.0.0.1"]
 two_cores = pytest.mark.skipif(len(usable_cpus()) < 2, reason="needs 2 usable cores")
 
 
-def _run(*argv: str) -> list[dict]:
+def _run(*argv: str, cpus: list[int] | None = None) -> list[dict]:
+    """The ranks' reports of ``unison run ARGV``, and its stderr; ``cpus``: the cores the
+    launcher itself may use."""
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     env = {k: v for k, v in env.items() if not k.startswith(("UNISON_", "HOROVOD_"))}
     r = subprocess.run(
@@ -42,6 +44,7 @@ def _run(*argv: str) -> list[dict]:
         env={**env, "PYTHONPATH": str(ROOT)},
         timeout=100,
         cwd=ROOT,
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )
     assert r.returncode == 0, r.stderr
     out = [json.loads(ln.split("RANK ", 1)[1]) for ln in r.stdout.splitlines() if "RANK " in ln]
@@ -54,7 +57,9 @@ def test_each_rank_gets_its_own_run_of_the_cores() -> None:
     assert [cpu_share({}, r, 3, eight) for r in range(3)] == [[0, 1], [2, 3], [4, 5]]
     assert cpu_share({}, 1, 2, [2, 5]) == [5]  # the usable cores, whichever they are
     assert cpu_share({}, 0, 1, eight) is None  # one rank has the host
-    assert cpu_share({}, 0, 3, [0, 1]) is None  # the ranks outnumber the cores
+    # more ranks than cores: one core each, neighbours in rank order on the same core
+    assert [cpu_share({}, r, 4, [0, 1]) for r in range(4)] == [[0], [0], [1], [1]]
+    assert [cpu_share({}, r, 3, [0, 1]) for r in range(3)] == [[0], [0], [1]]
     assert cpu_share({"UNISON_BIND": "none"}, 0, 2, eight) is None
     # the user's thread count: their threads, their placement; unless they ask
     assert cpu_share({"OMP_NUM_THREADS": "3"}, 0, 2, eight) is None
@@ -107,10 +112,12 @@ def test_bind_to_core_binds_despite_the_users_thread_count() -> None:
 
 
 @two_cores
-def test_oversubscribed_ranks_are_not_bound() -> None:
-    n = len(usable_cpus()) + 1
-    *ranks, _ = _run("-np", str(n))
-    assert len(ranks) == n and all(r["cpus"] == usable_cpus() and not r["env"] for r in ranks)
+def test_ranks_that_outnumber_the_cores_take_turns_on_one_core_each() -> None:
+    usable = usable_cpus()[:2]  # a launcher on two cores, whatever this machine has
+    n = 2 * len(usable)
+    *ranks, _ = _run("-np", str(n), cpus=usable)
+    assert [r["cpus"] for r in ranks] == [[usable[i // 2]] for i in range(n)], ranks
+    assert all(r["host_cores"] == len(usable) for r in ranks)  # they still outnumber them
 
 
 @two_cores

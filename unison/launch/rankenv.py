@@ -72,7 +72,12 @@ def thread_notice(
     if not threads:
         return None
     n = threads["OMP_NUM_THREADS"]
-    where = f" on {'its own core' if n == '1' else f'its own {n} cores'}" if bound else ""
+    if not bound:
+        where = ""
+    elif local_size > cores:
+        where = f" on one core, {-(-local_size // cores)} ranks a core"
+    else:
+        where = f" on {'its own core' if n == '1' else f'its own {n} cores'}"
     unbind = " (--bind-to none: unbound)" if bound else ""
     return (
         f"{local_size} ranks share this host's {cores} cores: each runs "
@@ -91,15 +96,22 @@ def cpu_share(
     while it waits invites, and which costs a context switch per message); its threads
     (the thread count, :func:`thread_environment`) stay on its own cores.
 
-    None (not bound) when one rank has the host, when the ranks outnumber the cores,
-    with ``UNISON_BIND=none``, and with ``UNISON_BIND=auto`` (the default) when the user
-    set a thread count (:func:`thread_share`): threads beyond the share would queue on it."""
+    Where the ranks outnumber the cores, each rank gets one core, and neighbours in rank
+    order share one (ranks 0 and 1 the first of two cores, 2 and 3 the second): the
+    ranks of a core take turns on it instead of following each other from core to core.
+
+    None (not bound) when one rank has the host, with ``UNISON_BIND=none``, and with
+    ``UNISON_BIND=auto`` (the default) when the user set a thread count
+    (:func:`thread_share`): threads beyond the share would queue on it."""
     mode = (base.get("UNISON_BIND") or "auto").strip().lower()
-    if mode == "none" or local_size < 2 or local_size > len(cpus):
+    if mode == "none" or local_size < 2 or not cpus:
         return None
     if mode != "core" and not thread_share(base, local_size):
         return None
-    k = len(cpus) // local_size
+    n = len(cpus)
+    if local_size > n:
+        return [cpus[local_rank * n // local_size]]
+    k = n // local_size
     return list(cpus[local_rank * k : (local_rank + 1) * k])
 
 
