@@ -90,4 +90,4 @@ fi
 # the cost model against what was measured
 step simulate bash -c "for f in $OUT/np2.json $OUT/np4.json $OUT/big2.json $OUT/big4.json; do unison simulate --validate \$f; done"
 echo "series end: load $(cat /proc/loadavg)"
-[ -s "$OUT/np2.json" ] && python benchmarks/tables.py --headline "$OUT/np2.json"
+if [ -s "$OUT/np2.json" ]; then python benchmarks/tables.py --headline "$OUT/np2.json"; fi
